@@ -1,0 +1,45 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+)
+
+func newBacklogCommand(c *common) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "backlog",
+		Short: "Print the count of undispatched rows and the oldest created_at",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "text" && output != "json" {
+				return fmt.Errorf("--output %q: must be text or json", output)
+			}
+			return withPool(cmd.Context(), c, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
+				b, err := t.Backlog(ctx, db)
+				if err != nil {
+					return err
+				}
+				w := cmd.OutOrStdout()
+				if output == "json" {
+					return json.NewEncoder(w).Encode(b)
+				}
+				oldest := "none"
+				if b.Oldest != nil {
+					oldest = fmt.Sprintf("%s (%s ago)", b.Oldest.UTC().Format(time.RFC3339), b.Age(time.Now()).Round(time.Second))
+				}
+				_, err = fmt.Fprintf(w, "table:   %s\nbacklog: %d\noldest:  %s\n", t, b.Count, oldest)
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	return cmd
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+)
+
+func newCleanupCommand(c *common) *cobra.Command {
+	var retention time.Duration
+	var batchSize int
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Delete dispatched rows older than the retention, in bounded batches",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if retention < 0 {
+				return fmt.Errorf("--retention %s is negative", retention)
+			}
+			if batchSize < 1 {
+				return fmt.Errorf("--batch-size %d must be at least 1", batchSize)
+			}
+			return withPool(cmd.Context(), c, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
+				start := time.Now()
+				n, err := t.DeleteAllDispatched(ctx, db, retention, batchSize, nil)
+				fmt.Fprintf(cmd.OutOrStdout(), "deleted %d dispatched rows older than %s from %s in %s\n",
+					n, retention, t, time.Since(start).Round(time.Millisecond))
+				return err
+			})
+		},
+	}
+	cmd.Flags().DurationVar(&retention, "retention", 72*time.Hour, "keep dispatched rows this long")
+	cmd.Flags().IntVar(&batchSize, "batch-size", 1000, "rows deleted per statement")
+	return cmd
+}
+
+// withPool validates the layout, connects with bounded session settings and
+// runs fn.
+func withPool(ctx context.Context, c *common, fn func(context.Context, *outbox.Table, *pgxpool.Pool) error) error {
+	t, err := c.outboxTable()
+	if err != nil {
+		return err
+	}
+	dsn, err := secretEnv(envDatabaseURL)
+	if err != nil {
+		return err
+	}
+	cfg, err := outbox.PoolConfig(dsn, outbox.SessionSettings{
+		StatementTimeout:         time.Minute,
+		LockTimeout:              5 * time.Second,
+		IdleInTransactionTimeout: time.Minute,
+		ApplicationName:          "outbox-relay",
+	}, 1)
+	if err != nil {
+		return err
+	}
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("creating PostgreSQL pool: %w", err)
+	}
+	defer db.Close()
+	if err := db.Ping(ctx); err != nil {
+		return fmt.Errorf("connecting to %s: %w", databaseName(dsn), err)
+	}
+	return fn(ctx, t, db)
+}

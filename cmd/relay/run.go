@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/relay"
+)
+
+type runOptions struct {
+	stream, deadLetterStream string
+	batchSize                int
+	pollInterval             time.Duration
+	busyPollInterval         time.Duration
+	publishTimeout           time.Duration
+	statementTimeout         time.Duration
+	lockTimeout              time.Duration
+	idleInTxTimeout          time.Duration
+	maxLen                   int64
+	maxPayloadBytes          int
+	metricsAddr, probeAddr   string
+}
+
+func newRunCommand(c *common) *cobra.Command {
+	var o runOptions
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Relay outbox rows to the Redis stream until SIGTERM",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runRelay(cmd.Context(), c, &o)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.stream, "stream", relay.DefaultStream, "Redis stream to add events to")
+	fs.StringVar(&o.deadLetterStream, "dead-letter-stream", "", "stream for rows that cannot be published (default <stream>.dead)")
+	fs.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, fmt.Sprintf("rows claimed per transaction (1..%d)", relay.MaxBatchSize))
+	fs.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "pause after a pass that found no row")
+	fs.DurationVar(&o.busyPollInterval, "busy-poll-interval", relay.DefaultBusyPollInterval,
+		"pause after a pass that found rows but not a full batch (at most --poll-interval)")
+	fs.DurationVar(&o.publishTimeout, "publish-timeout", relay.DefaultPublishTimeout, "deadline of one batch's XADD pipeline")
+	fs.DurationVar(&o.statementTimeout, "statement-timeout", 30*time.Second, "PostgreSQL statement_timeout of the relay's sessions")
+	fs.DurationVar(&o.lockTimeout, "lock-timeout", 5*time.Second, "PostgreSQL lock_timeout of the relay's sessions")
+	fs.DurationVar(&o.idleInTxTimeout, "idle-in-transaction-timeout", time.Minute,
+		"PostgreSQL idle_in_transaction_session_timeout: a relay cut off mid-batch loses its locks after this")
+	fs.Int64Var(&o.maxLen, "max-len", 0, "trim the stream to about this many entries (XADD MAXLEN ~); 0 keeps all")
+	fs.IntVar(&o.maxPayloadBytes, "max-payload-bytes", relay.DefaultMaxPayloadBytes, "larger payloads are dead-lettered")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of /metrics; 0 disables")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 disables")
+	return cmd
+}
+
+func runRelay(ctx context.Context, c *common, o *runOptions) error {
+	log, err := c.logger()
+	if err != nil {
+		return err
+	}
+	table, err := c.outboxTable()
+	if err != nil {
+		return err
+	}
+	dsn, err := secretEnv(envDatabaseURL)
+	if err != nil {
+		return err
+	}
+	redisURL, err := secretEnv(envRedisURL)
+	if err != nil {
+		return err
+	}
+	poolCfg, err := outbox.PoolConfig(dsn, outbox.SessionSettings{
+		StatementTimeout:         o.statementTimeout,
+		LockTimeout:              o.lockTimeout,
+		IdleInTransactionTimeout: o.idleInTxTimeout,
+		ApplicationName:          "outbox-relay",
+	}, 3) // the batch, the NOTIFY listener, one spare
+	if err != nil {
+		return err
+	}
+	db, err := pgxpool.NewWithConfig(ctx, poolCfg) // connects lazily
+	if err != nil {
+		return fmt.Errorf("creating PostgreSQL pool: %w", err)
+	}
+	defer db.Close()
+	rdb, err := newRedisClient(redisURL, o.publishTimeout)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = rdb.Close() }()
+
+	metrics := relay.NewMetrics()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := metrics.Register(reg); err != nil {
+		return err
+	}
+	r, err := relay.New(relay.Config{
+		Table:            table,
+		Stream:           o.stream,
+		DeadLetterStream: o.deadLetterStream,
+		BatchSize:        o.batchSize,
+		PollInterval:     o.pollInterval,
+		BusyPollInterval: o.busyPollInterval,
+		PublishTimeout:   o.publishTimeout,
+		MaxLen:           o.maxLen,
+		MaxPayloadBytes:  o.maxPayloadBytes,
+		Database:         databaseName(dsn),
+		Logger:           log,
+		Metrics:          metrics,
+	}, db, rdb)
+	if err != nil {
+		return err
+	}
+
+	servers, err := startServers(log, o, reg, r)
+	if err != nil {
+		return err
+	}
+	defer shutdown(servers)
+	return r.Run(ctx)
+}
+
+// newRedisClient parses a redis:// or rediss:// URL. The client does not
+// retry on its own: a retried pipeline would add entries twice, and the
+// relay's loop already retries whole batches with backoff.
+func newRedisClient(url string, publishTimeout time.Duration) (*redis.Client, error) {
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		// go-redis errors do not echo the URL, but say nothing more to be safe.
+		return nil, fmt.Errorf("parsing %s: not a valid redis:// or rediss:// URL", envRedisURL)
+	}
+	opts.MaxRetries = -1
+	opts.ContextTimeoutEnabled = true
+	opts.DialTimeout = min(publishTimeout, 5*time.Second)
+	opts.PoolSize = 4
+	return redis.NewClient(opts), nil
+}
+
+// startServers serves /metrics and the probes. A port that cannot be bound
+// is an error at start, not a silent gap in monitoring.
+func startServers(log *slog.Logger, o *runOptions, reg *prometheus.Registry, r *relay.Relay) ([]*http.Server, error) {
+	var servers []*http.Server
+	add := func(addr string, h http.Handler) error {
+		if addr == "0" || addr == "" {
+			return nil
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", addr, err)
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		servers = append(servers, srv)
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("HTTP server failed", "address", addr, "error", err.Error())
+			}
+		}()
+		return nil
+	}
+	metrics := http.NewServeMux()
+	metrics.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	probes := http.NewServeMux()
+	probes.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	probes.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := r.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	if o.metricsAddr == o.probeAddr && o.metricsAddr != "0" {
+		metrics.Handle("/", probes)
+		err := add(o.metricsAddr, metrics)
+		return servers, err
+	}
+	if err := add(o.metricsAddr, metrics); err != nil {
+		shutdown(servers)
+		return nil, err
+	}
+	if err := add(o.probeAddr, probes); err != nil {
+		shutdown(servers)
+		return nil, err
+	}
+	return servers, nil
+}
+
+func shutdown(servers []*http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, s := range servers {
+		_ = s.Shutdown(ctx)
+	}
+}

@@ -1,0 +1,372 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+)
+
+// stream is the stream every run writes to; it is deleted between runs.
+const stream = "bench"
+
+// payloadSQL makes a JSON payload of about 200 bytes, the shape of the
+// sample's order_created event.
+const payloadSQL = `json_build_object(
+	'order_id', gen_random_uuid(),
+	'customer_email', 'customer' || g || '@example.com',
+	'amount', '19.99',
+	'currency', 'EUR',
+	'note', repeat('x', 60))::text`
+
+type benchEnv struct {
+	dsn, redisURL, relayBin string
+	db                      *pgxpool.Pool
+	rdb                     *redis.Client
+	table                   *outbox.Table
+}
+
+func newBenchEnv(ctx context.Context, dsn, redisURL, relayBin string) (*benchEnv, error) {
+	table := outbox.MustNew("", outbox.Columns{})
+	cfg, err := outbox.PoolConfig(dsn, outbox.SessionSettings{}, 8)
+	if err != nil {
+		return nil, err
+	}
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := db.Exec(ctx, table.DDL(outbox.DDLOptions{})); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("creating the outbox table: %w", err)
+	}
+	opts, err := redis.ParseURL(redisURL)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &benchEnv{dsn: dsn, redisURL: redisURL, relayBin: relayBin, db: db, rdb: redis.NewClient(opts), table: table}, nil
+}
+
+func (e *benchEnv) close() {
+	e.db.Close()
+	_ = e.rdb.Close()
+}
+
+// load empties the table and the stream and inserts n pending rows.
+func (e *benchEnv) load(ctx context.Context, n int) error {
+	if _, err := e.db.Exec(ctx, `TRUNCATE outbox_events`); err != nil {
+		return err
+	}
+	if err := e.rdb.Del(ctx, stream).Err(); err != nil {
+		return err
+	}
+	if n > 0 {
+		_, err := e.db.Exec(ctx, `INSERT INTO outbox_events (id, event_type, payload, created_at)
+			SELECT gen_random_uuid(), 'order_created', `+payloadSQL+`, now() - interval '1 hour' + g * interval '1 microsecond'
+			FROM generate_series(1, $1) g`, n)
+		if err != nil {
+			return fmt.Errorf("loading %d rows: %w", n, err)
+		}
+	}
+	_, err := e.db.Exec(ctx, `VACUUM ANALYZE outbox_events`)
+	return err
+}
+
+type rawResult struct {
+	conns, batch int
+	rate         float64
+}
+
+// rawClaimRate drains n rows with the claim statement and a commit per
+// batch, on conns connections, without Redis: the ceiling PostgreSQL sets.
+func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int) (float64, error) {
+	if err := e.load(ctx, n); err != nil {
+		return 0, err
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, conns)
+	start := time.Now()
+	for range conns {
+		wg.Go(func() {
+			for {
+				tx, err := e.db.Begin(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				events, err := e.table.Claim(ctx, tx, batch)
+				if err == nil {
+					err = tx.Commit(ctx)
+				}
+				if err != nil {
+					_ = tx.Rollback(ctx)
+					errs <- err
+					return
+				}
+				if len(events) == 0 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, fmt.Errorf("raw claim: %w", err)
+	}
+	return float64(n) / elapsed.Seconds(), nil
+}
+
+type throughputResult struct {
+	batch, procs int
+	rate         float64 // events/s from the first to the last XADD
+	rssMiB       float64 // the largest peak RSS among the processes
+}
+
+// throughput loads n rows and drains them with procs relay processes.
+func (e *benchEnv) throughput(ctx context.Context, n, batch, procs int) (throughputResult, error) {
+	res := throughputResult{batch: batch, procs: procs}
+	if err := e.load(ctx, n); err != nil {
+		return res, err
+	}
+	relays, err := e.startRelays(procs, "--batch-size="+strconv.Itoa(batch))
+	if err != nil {
+		return res, err
+	}
+	defer stopAll(relays)
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		l, err := e.rdb.XLen(ctx, stream).Result()
+		if err != nil {
+			return res, err
+		}
+		if l >= int64(n) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return res, fmt.Errorf("only %d of %d events published after 5 minutes", l, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, r := range relays {
+		res.rssMiB = max(res.rssMiB, peakRSSMiB(r.Process.Pid))
+	}
+	first, err := e.rdb.XRangeN(ctx, stream, "-", "+", 1).Result()
+	if err != nil {
+		return res, err
+	}
+	last, err := e.rdb.XRevRangeN(ctx, stream, "+", "-", 1).Result()
+	if err != nil {
+		return res, err
+	}
+	ms := entryMillis(last[0].ID) - entryMillis(first[0].ID) + 1
+	res.rate = float64(n) / (float64(ms) / 1000)
+	return res, nil
+}
+
+// entryMillis is the Redis time, in ms, at which an entry was added.
+func entryMillis(id string) int64 {
+	ms, _ := strconv.ParseInt(strings.SplitN(id, "-", 2)[0], 10, 64)
+	return ms
+}
+
+// startRelays starts relay processes with their own ports for probes.
+func (e *benchEnv) startRelays(n int, args ...string) ([]*exec.Cmd, error) {
+	var cmds []*exec.Cmd
+	for range n {
+		cmd := exec.Command(e.relayBin, append([]string{"run", "--stream=" + stream,
+			"--metrics-bind-address=0", "--health-probe-bind-address=0", "--log-level=warn"}, args...)...)
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+e.dsn, "REDIS_URL="+e.redisURL)
+		cmd.Stderr = os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			stopAll(cmds)
+			return nil, fmt.Errorf("starting relay: %w", err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	return cmds, nil
+}
+
+// stopAll sends SIGTERM and waits: the relay's own graceful stop.
+func stopAll(cmds []*exec.Cmd) {
+	for _, c := range cmds {
+		_ = c.Process.Signal(syscall.SIGTERM)
+	}
+	for _, c := range cmds {
+		_ = c.Wait()
+	}
+}
+
+// peakRSSMiB reads VmHWM, the peak resident set, of a live process.
+func peakRSSMiB(pid int) float64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if rest, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
+			kb, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
+			return float64(kb) / 1024
+		}
+	}
+	return 0
+}
+
+type latencyResult struct {
+	notify        bool
+	offered       int
+	achieved      float64
+	events        int
+	p50, p99, max time.Duration
+	rssMiB        float64
+}
+
+// latency offers rate events/s for d, one row per transaction, and measures
+// from each commit's return to the entry's arrival at a blocking XREAD: the
+// commit-to-XADD time plus Redis's delivery to the reader (sub-millisecond on
+// loopback), so an upper bound of the relay's own latency.
+func (e *benchEnv) latency(ctx context.Context, rate int, d time.Duration, notify bool) (latencyResult, error) {
+	res := latencyResult{notify: notify, offered: rate}
+	if err := e.load(ctx, 0); err != nil {
+		return res, err
+	}
+	if _, err := e.db.Exec(ctx, e.table.DDL(outbox.DDLOptions{Notify: notify})); err != nil {
+		return res, err
+	}
+	if !notify {
+		if _, err := e.db.Exec(ctx, `DROP TRIGGER IF EXISTS `+pgx.Identifier{e.table.TriggerName()}.Sanitize()+` ON outbox_events`); err != nil {
+			return res, err
+		}
+	}
+	relays, err := e.startRelays(1)
+	if err != nil {
+		return res, err
+	}
+	defer stopAll(relays)
+	time.Sleep(time.Second) // let the relay connect (and LISTEN)
+
+	var mu sync.Mutex
+	committed := map[string]time.Time{}
+	received := map[string]time.Time{}
+	readCtx, stopReading := context.WithCancel(ctx)
+	readerDone := make(chan error, 1)
+	go func() { readerDone <- e.readStream(readCtx, &mu, received) }()
+
+	// Open loop: each of `workers` producers owns every workers-th slot of a
+	// fixed schedule, so a slow insert delays only its own next slot.
+	const workers = 8
+	interval := time.Second / time.Duration(rate)
+	total := int(d / interval)
+	start := time.Now().Add(100 * time.Millisecond)
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < total; i += workers {
+				time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+				var id string
+				err := e.db.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload)
+					SELECT 'order_created', `+payloadSQL+` FROM (SELECT $1::int AS g) s RETURNING id::text`, i).Scan(&id)
+				if err != nil {
+					errs <- err
+					return
+				}
+				now := time.Now()
+				mu.Lock()
+				committed[id] = now
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		stopReading()
+		return res, fmt.Errorf("producer: %w", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		n := len(received)
+		mu.Unlock()
+		if n >= total || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	res.rssMiB = peakRSSMiB(relays[0].Process.Pid)
+	stopReading()
+	if err := <-readerDone; err != nil && ctx.Err() == nil && readCtx.Err() == nil {
+		return res, err
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	lat := make([]time.Duration, 0, total)
+	for id, c := range committed {
+		r, ok := received[id]
+		if !ok {
+			return res, fmt.Errorf("event %s committed but not received within 30s", id)
+		}
+		lat = append(lat, max(r.Sub(c), 0))
+	}
+	slices.Sort(lat)
+	res.events = len(lat)
+	res.achieved = float64(total) / elapsed.Seconds()
+	res.p50 = lat[len(lat)*50/100]
+	res.p99 = lat[len(lat)*99/100]
+	res.max = lat[len(lat)-1]
+	return res, nil
+}
+
+// readStream records when each event arrives, until ctx is cancelled.
+func (e *benchEnv) readStream(ctx context.Context, mu *sync.Mutex, received map[string]time.Time) error {
+	last := "$"
+	for ctx.Err() == nil {
+		streams, err := e.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{stream, last}, Block: 200 * time.Millisecond, Count: 1000}).Result()
+		if err == redis.Nil {
+			continue
+		}
+		if err != nil {
+			if ctx.Err() != nil || isClosed(err) {
+				return nil
+			}
+			return err
+		}
+		now := time.Now()
+		mu.Lock()
+		for _, s := range streams {
+			for _, m := range s.Messages {
+				received[m.Values["event_id"].(string)] = now
+				last = m.ID
+			}
+		}
+		mu.Unlock()
+	}
+	return nil
+}
+
+func isClosed(err error) bool {
+	_, ok := err.(net.Error)
+	return ok || err == context.Canceled
+}

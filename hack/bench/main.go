@@ -1,0 +1,187 @@
+// Command bench measures the relay on this machine and prints a table:
+//
+//   - throughput: N rows of the default layout (about 200-byte JSON payloads)
+//     drained by `relay run` processes, for several batch sizes and process
+//     counts, as events/s and as a fraction of the raw claim rate;
+//   - the raw claim rate: PostgreSQL alone claiming and marking batches (the
+//     claim statement and a commit, no Redis), measured in the same run;
+//   - latency: under a steady offered load from a producer, the time from the
+//     commit of an outbox row to its arrival in the stream, p50/p99/max, with
+//     polling alone and with the NOTIFY trigger;
+//   - the relay's peak RSS.
+//
+// It starts a throwaway PostgreSQL and Redis (internal/testenv) and builds
+// the relay from this repository. Run it with `make bench`.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
+)
+
+type options struct {
+	rows       int
+	batchSizes []int
+	procs      []int
+	rate       int
+	duration   time.Duration
+	chart      string
+	relayBin   string
+}
+
+func main() {
+	var o options
+	var batches, procs string
+	flag.IntVar(&o.rows, "rows", 100_000, "rows drained per throughput run")
+	flag.StringVar(&batches, "batch-sizes", "100,500,1000", "batch sizes to measure")
+	flag.StringVar(&procs, "procs", "1,2", "relay process counts to measure")
+	flag.IntVar(&o.rate, "rate", 2000, "offered load of the latency runs, events/s")
+	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each latency run")
+	flag.StringVar(&o.chart, "chart", "docs/benchmarks-relay.png", "PNG chart to write; empty: none")
+	flag.StringVar(&o.relayBin, "relay", "", "relay binary (default: built from ./cmd/relay)")
+	flag.Parse()
+	var err error
+	if o.batchSizes, err = ints(batches); err == nil {
+		o.procs, err = ints(procs)
+	}
+	if err == nil {
+		err = run(context.Background(), o)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a list of positive integers", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func run(ctx context.Context, o options) error {
+	tmp, err := os.MkdirTemp("", "outbox-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if o.relayBin == "" {
+		o.relayBin = filepath.Join(tmp, "relay")
+		logf("building relay")
+		build := exec.Command("go", "build", "-o", o.relayBin, "./cmd/relay")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("building relay: %w", err)
+		}
+	}
+
+	logf("starting PostgreSQL and Redis")
+	pg, err := testenv.LaunchPostgres()
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+	rs, err := testenv.LaunchRedis()
+	if err != nil {
+		return err
+	}
+	defer rs.Close()
+
+	env, err := newBenchEnv(ctx, pg.DSN(), rs.URL(), o.relayBin)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+
+	var report report
+	report.machine = machine()
+	report.rows = o.rows
+	for _, conns := range []int{1, 2} {
+		rate, err := env.rawClaimRate(ctx, o.rows, 500, conns)
+		if err != nil {
+			return err
+		}
+		report.raw = append(report.raw, rawResult{conns: conns, batch: 500, rate: rate})
+		logf("raw claim, batch 500, %d connection(s): %.0f rows/s", conns, rate)
+	}
+	for _, batch := range o.batchSizes {
+		for _, procs := range o.procs {
+			res, err := env.throughput(ctx, o.rows, batch, procs)
+			if err != nil {
+				return err
+			}
+			report.throughput = append(report.throughput, res)
+			logf("relay, batch %d, %d process(es): %.0f events/s, peak RSS %.1f MiB", batch, procs, res.rate, res.rssMiB)
+		}
+	}
+	for _, notify := range []bool{false, true} {
+		res, err := env.latency(ctx, o.rate, o.duration, notify)
+		if err != nil {
+			return err
+		}
+		report.latency = append(report.latency, res)
+		logf("latency, %d events/s offered, notify=%t: p50 %s p99 %s", o.rate, notify, res.p50, res.p99)
+	}
+	report.print(os.Stdout)
+	if o.chart != "" {
+		if err := report.chart(o.chart); err != nil {
+			return err
+		}
+		logf("wrote %s", o.chart)
+	}
+	return nil
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+// machine describes where the figures come from.
+func machine() string {
+	model := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				model = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0])
+		if len(f) >= 2 {
+			if kb, err := strconv.Atoi(f[1]); err == nil {
+				mem = fmt.Sprintf(", %d GiB RAM", (kb+512*1024)/(1024*1024))
+			}
+		}
+	}
+	pgv := "PostgreSQL"
+	if out, err := exec.Command("sh", "-c", "postgres --version 2>/dev/null || ls /usr/lib/postgresql").Output(); err == nil {
+		pgv = strings.TrimSpace(string(out))
+	}
+	rv := "Redis"
+	if out, err := exec.Command("redis-server", "--version").Output(); err == nil {
+		if f := strings.Fields(string(out)); len(f) >= 3 {
+			rv = "Redis " + strings.TrimPrefix(f[2], "v=")
+		}
+	}
+	return fmt.Sprintf("%s, %d cores%s, %s, %s, %s, %s", model, runtime.NumCPU(), mem, runtime.Version(), pgv, rv,
+		time.Now().UTC().Format("2006-01-02"))
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+type report struct {
+	machine    string
+	rows       int
+	raw        []rawResult
+	throughput []throughputResult
+	latency    []latencyResult
+}
+
+// rawFor is the raw claim rate with as many connections as relay processes
+// (the closest measured).
+func (r *report) rawFor(procs int) float64 {
+	best := 0.0
+	for _, x := range r.raw {
+		if x.conns <= procs {
+			best = x.rate
+		}
+	}
+	return best
+}
+
+func (r *report) print(w io.Writer) {
+	fmt.Fprintf(w, "\nMachine: %s\n\n", r.machine)
+	fmt.Fprintf(w, "Raw claim rate (PostgreSQL alone: claim statement + commit, no Redis), %d rows:\n\n", r.rows)
+	fmt.Fprintln(w, "| connections | batch | rows/s |")
+	fmt.Fprintln(w, "| ---: | ---: | ---: |")
+	for _, x := range r.raw {
+		fmt.Fprintf(w, "| %d | %d | %.0f |\n", x.conns, x.batch, x.rate)
+	}
+	fmt.Fprintf(w, "\nRelay throughput, %d rows drained by `relay run`:\n\n", r.rows)
+	fmt.Fprintln(w, "| batch | processes | events/s | of raw claim rate | peak RSS (MiB) |")
+	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: |")
+	for _, x := range r.throughput {
+		fmt.Fprintf(w, "| %d | %d | %.0f | %.0f%% | %.1f |\n", x.batch, x.procs, x.rate, 100*x.rate/r.rawFor(x.procs), x.rssMiB)
+	}
+	fmt.Fprintln(w, "\nLatency from commit of the outbox row to the entry in the stream, one relay, default flags:")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| wake-up | offered ev/s | achieved ev/s | events | p50 | p99 | max | peak RSS (MiB) |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	for _, x := range r.latency {
+		mode := "polling"
+		if x.notify {
+			mode = "NOTIFY trigger"
+		}
+		fmt.Fprintf(w, "| %s | %d | %.0f | %d | %s | %s | %s | %.1f |\n", mode, x.offered, x.achieved, x.events,
+			ms(x.p50), ms(x.p99), ms(x.max), x.rssMiB)
+	}
+}
+
+func ms(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64) + " ms"
+}
+
+// chart draws events/s per batch size, one bar group per process count, and
+// the raw claim rate of one connection as a reference line.
+func (r *report) chart(path string) error {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("Relay throughput, %d rows (raw claim rate dashed)", r.rows)
+	p.Y.Label.Text = "events/s"
+	p.X.Label.Text = "batch size"
+	var batches []int
+	byProcs := map[int]map[int]float64{}
+	var procsOrder []int
+	for _, x := range r.throughput {
+		if byProcs[x.procs] == nil {
+			byProcs[x.procs] = map[int]float64{}
+			procsOrder = append(procsOrder, x.procs)
+		}
+		byProcs[x.procs][x.batch] = x.rate
+		if !contains(batches, x.batch) {
+			batches = append(batches, x.batch)
+		}
+	}
+	width := vg.Points(18)
+	for i, procs := range procsOrder {
+		vals := make(plotter.Values, len(batches))
+		for j, b := range batches {
+			vals[j] = byProcs[procs][b]
+		}
+		bars, err := plotter.NewBarChart(vals, width)
+		if err != nil {
+			return err
+		}
+		bars.Color = plotutil.Color(i)
+		bars.LineStyle.Width = 0
+		bars.Offset = width * vg.Length(float64(i)-float64(len(procsOrder)-1)/2)
+		p.Add(bars)
+		p.Legend.Add(fmt.Sprintf("%d relay process(es)", procs), bars)
+	}
+	for i, raw := range r.raw {
+		line, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: raw.rate}, {X: float64(len(batches)) - 0.5, Y: raw.rate}})
+		if err != nil {
+			return err
+		}
+		line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		line.Color = plotutil.Color(i)
+		p.Add(line)
+		p.Legend.Add(fmt.Sprintf("raw claim, %d connection(s)", raw.conns), line)
+	}
+	names := make([]string, len(batches))
+	for i, b := range batches {
+		names[i] = strconv.Itoa(b)
+	}
+	p.NominalX(names...)
+	p.Legend.Top = true
+	p.Legend.Left = true
+	p.Y.Min = 0
+	return p.Save(7*vg.Inch, 4*vg.Inch, path)
+}
+
+func contains(xs []int, x int) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}

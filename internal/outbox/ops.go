@@ -1,0 +1,235 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier is what the operations need from a connection, pool or
+// transaction: pgx.Tx, *pgx.Conn and *pgxpool.Pool all satisfy it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Event is one outbox row as the relay publishes it.
+type Event struct {
+	ID        string
+	Type      string
+	Payload   string
+	CreatedAt time.Time
+	// Malformed says why the row cannot be published as an event (a NULL
+	// id, type or payload); empty for a well-formed row. Such rows are
+	// claimed like the others, so that the relay can dead-letter them
+	// instead of stalling on them.
+	Malformed string
+}
+
+// Errors that callers map to conditions, log lines and metrics.
+var (
+	// ErrTableNotFound: the outbox table (or its schema) does not exist.
+	ErrTableNotFound = errors.New("outbox table not found")
+	// ErrColumnNotFound: a configured column does not exist in the table.
+	ErrColumnNotFound = errors.New("outbox column not found")
+)
+
+// classify maps PostgreSQL errors that mean "wrong layout" to the package's
+// sentinels, keeping the original error in the chain.
+func (t *Table) classify(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42P01", "3F000": // undefined_table, invalid_schema_name
+			return fmt.Errorf("%w: %s: %w", ErrTableNotFound, t, err)
+		case "42703": // undefined_column
+			return fmt.Errorf("%w: %s: %w", ErrColumnNotFound, t, err)
+		}
+	}
+	return err
+}
+
+// Claim takes up to limit pending events and marks them dispatched, inside
+// tx. The events come back ordered by created_at (ties by id). Nothing is
+// final until tx commits; a rollback returns every row to the outbox.
+func (t *Table) Claim(ctx context.Context, tx Querier, limit int) ([]Event, error) {
+	rows, err := tx.Query(ctx, t.ClaimSQL(), limit)
+	if err != nil {
+		return nil, t.classify(err)
+	}
+	events := make([]Event, 0, limit)
+	for rows.Next() {
+		var id, typ, payload *string
+		var created *time.Time
+		if err := rows.Scan(&id, &typ, &payload, &created); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("scanning claimed row: %w", err)
+		}
+		events = append(events, newEvent(t.columns, id, typ, payload, created))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, t.classify(err)
+	}
+	slices.SortStableFunc(events, func(a, b Event) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return compareIDs(a.ID, b.ID)
+	})
+	return events, nil
+}
+
+// newEvent builds an Event from nullable columns, describing what is
+// missing in Malformed.
+func newEvent(c Columns, id, typ, payload *string, created *time.Time) Event {
+	var e Event
+	var missing []string
+	for _, f := range []struct {
+		col string
+		src *string
+		dst *string
+	}{{c.ID, id, &e.ID}, {c.EventType, typ, &e.Type}, {c.Payload, payload, &e.Payload}} {
+		if f.src == nil {
+			missing = append(missing, f.col)
+			continue
+		}
+		*f.dst = *f.src
+	}
+	if created != nil {
+		e.CreatedAt = *created
+	}
+	if len(missing) > 0 {
+		e.Malformed = "NULL in column " + strings.Join(missing, ", ")
+	}
+	return e
+}
+
+// compareIDs orders numeric ids numerically and the rest as strings, so a
+// bigint id keeps its insertion order on ties of created_at.
+func compareIDs(a, b string) int {
+	ai, aerr := strconv.ParseInt(a, 10, 64)
+	bi, berr := strconv.ParseInt(b, 10, 64)
+	if aerr == nil && berr == nil {
+		switch {
+		case ai < bi:
+			return -1
+		case ai > bi:
+			return 1
+		}
+		return 0
+	}
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Backlog is the state of the pending rows.
+type Backlog struct {
+	// Count of rows not yet dispatched.
+	Count int64 `json:"count"`
+	// Oldest created_at among them; nil when there are none.
+	Oldest *time.Time `json:"oldest,omitempty"`
+}
+
+// Age of the oldest pending row at now, zero when none is pending.
+func (b Backlog) Age(now time.Time) time.Duration {
+	if b.Oldest == nil {
+		return 0
+	}
+	return max(now.Sub(*b.Oldest), 0)
+}
+
+// Backlog counts the pending rows and finds the oldest.
+func (t *Table) Backlog(ctx context.Context, q Querier) (Backlog, error) {
+	var b Backlog
+	if err := q.QueryRow(ctx, t.BacklogSQL()).Scan(&b.Count, &b.Oldest); err != nil {
+		return Backlog{}, t.classify(err)
+	}
+	return b, nil
+}
+
+// DeleteDispatched deletes at most limit rows dispatched longer than
+// retention ago, in one short statement, and returns how many it deleted.
+// Call it in a loop until it returns fewer than limit.
+func (t *Table) DeleteDispatched(ctx context.Context, q Querier, retention time.Duration, limit int) (int64, error) {
+	tag, err := q.Exec(ctx, t.CleanupSQL(), retention.Seconds(), limit)
+	if err != nil {
+		return 0, t.classify(err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Exists reports whether the table exists, resolved as the other statements
+// resolve it.
+func (t *Table) Exists(ctx context.Context, q Querier) (bool, error) {
+	var ok bool
+	if err := q.QueryRow(ctx, tableExistsSQL, t.qTable).Scan(&ok); err != nil {
+		return false, t.classify(err)
+	}
+	return ok, nil
+}
+
+// HasNotifyTrigger reports whether the NOTIFY trigger of DDL is installed.
+func (t *Table) HasNotifyTrigger(ctx context.Context, q Querier) (bool, error) {
+	var ok bool
+	if err := q.QueryRow(ctx, triggerExistsSQL, t.qTable, t.TriggerName()).Scan(&ok); err != nil {
+		return false, t.classify(err)
+	}
+	return ok, nil
+}
+
+// SessionSettings are the run-time parameters every session that touches the
+// outbox sets, so a client cut off mid-transaction can never pin row locks
+// for long.
+type SessionSettings struct {
+	// StatementTimeout bounds every statement.
+	StatementTimeout time.Duration
+	// LockTimeout bounds every wait for a lock.
+	LockTimeout time.Duration
+	// IdleInTransactionTimeout ends a session that sits in an open
+	// transaction, releasing its locks.
+	IdleInTransactionTimeout time.Duration
+	// ApplicationName shows in pg_stat_activity.
+	ApplicationName string
+}
+
+// RuntimeParams returns the settings as pgx ConnConfig.RuntimeParams, with
+// TimeZone UTC (see the package doc).
+func (s SessionSettings) RuntimeParams() map[string]string {
+	p := map[string]string{"TimeZone": "UTC"}
+	if s.StatementTimeout > 0 {
+		p["statement_timeout"] = strconv.FormatInt(s.StatementTimeout.Milliseconds(), 10)
+	}
+	if s.LockTimeout > 0 {
+		p["lock_timeout"] = strconv.FormatInt(s.LockTimeout.Milliseconds(), 10)
+	}
+	if s.IdleInTransactionTimeout > 0 {
+		p["idle_in_transaction_session_timeout"] = strconv.FormatInt(s.IdleInTransactionTimeout.Milliseconds(), 10)
+	}
+	if s.ApplicationName != "" {
+		p["application_name"] = s.ApplicationName
+	}
+	return p
+}
+
+// Apply sets the settings on a parsed pgx configuration.
+func (s SessionSettings) Apply(cfg *pgconn.Config) {
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	for k, v := range s.RuntimeParams() {
+		cfg.RuntimeParams[k] = v
+	}
+}

@@ -1,0 +1,55 @@
+package relay
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+)
+
+func (b *testBundle) streamLen(t *testing.T) int64 {
+	t.Helper()
+	n, err := b.rdb.XLen(context.Background(), b.stream).Result()
+	if err != nil {
+		return -1 // Redis may be down in fault tests
+	}
+	return n
+}
+
+// waitFor polls cond until it holds, failing after 60s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	require.Eventually(t, cond, 60*time.Second, 10*time.Millisecond, "waiting for: %s", what)
+}
+
+func testutilCounter(c prometheus.Collector) float64 { return testutil.ToFloat64(c) }
+
+// syncBuffer is a log sink safe for the relay's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// newTestLogger logs text at debug level to w.
+func newTestLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}

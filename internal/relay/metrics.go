@@ -1,0 +1,76 @@
+package relay
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Error kinds, the values of the "kind" label of outbox_relay_errors_total.
+const (
+	ErrorKindPostgres     = "postgres"
+	ErrorKindRedis        = "redis"
+	ErrorKindTableMissing = "table_not_found"
+	ErrorKindLayout       = "column_not_found"
+)
+
+// Metrics are the relay's Prometheus collectors.
+type Metrics struct {
+	EventsPublished    prometheus.Counter
+	EventsDeadLettered prometheus.Counter
+	Batches            prometheus.Counter
+	Errors             *prometheus.CounterVec
+	BatchDuration      prometheus.Histogram
+	Lag                prometheus.Histogram
+	Ready              prometheus.Gauge
+}
+
+// NewMetrics creates the collectors, not yet registered.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		EventsPublished: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_events_published_total",
+			Help: "Outbox events added to the stream and committed as dispatched.",
+		}),
+		EventsDeadLettered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_events_dead_lettered_total",
+			Help: "Outbox rows that could not be published and went to the dead-letter stream.",
+		}),
+		Batches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_batches_total",
+			Help: "Batches committed (non-empty claims).",
+		}),
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_relay_errors_total",
+			Help: "Failed passes, by kind: postgres, redis, table_not_found, column_not_found.",
+		}, []string{"kind"}),
+		BatchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "outbox_relay_batch_duration_seconds",
+			Help:    "Time from claim to commit of a non-empty batch.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		Lag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "outbox_relay_lag_seconds",
+			Help:    "Time from an event's created_at to its publication.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
+		}),
+		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_ready",
+			Help: "1 when the last pass reached PostgreSQL and Redis, else 0.",
+		}),
+	}
+	for _, k := range []string{ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout} {
+		m.Errors.WithLabelValues(k)
+	}
+	return m
+}
+
+// Register registers every collector with reg.
+func (m *Metrics) Register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{
+		m.EventsPublished, m.EventsDeadLettered, m.Batches, m.Errors, m.BatchDuration, m.Lag, m.Ready,
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

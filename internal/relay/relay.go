@@ -1,0 +1,259 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+)
+
+// Relay runs the claim, publish, commit loop for one outbox table and one
+// stream. Create it with New and start it with Run.
+type Relay struct {
+	cfg Config
+	db  *pgxpool.Pool
+	rdb redis.UniversalClient
+	log *slog.Logger
+
+	// lastErr is nil after a successful pass; the readiness probe reads it.
+	lastErr atomic.Pointer[error]
+	// wake is signalled by the NOTIFY listener.
+	wake chan struct{}
+
+	// testHookBeforeCommit, when set, runs after every XADD of a batch was
+	// acknowledged and before the commit; an error rolls the batch back.
+	// Tests use it to fail between publish and commit, a fault no real
+	// server can be made to show at exactly that point.
+	testHookBeforeCommit func(ctx context.Context) error
+}
+
+// errNotStarted is the readiness error before the first pass.
+var errNotStarted = errors.New("no pass completed yet")
+
+// New validates cfg and returns a Relay using the given pool and client,
+// which the caller owns and closes.
+func New(cfg Config, db *pgxpool.Pool, rdb redis.UniversalClient) (*Relay, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("invalid relay config: %w", err)
+	}
+	if db == nil || rdb == nil {
+		return nil, errors.New("invalid relay config: a PostgreSQL pool and a Redis client are required")
+	}
+	r := &Relay{
+		cfg:  cfg,
+		db:   db,
+		rdb:  rdb,
+		log:  cfg.Logger.With("table", cfg.Table.String(), "stream", cfg.Stream),
+		wake: make(chan struct{}, 1),
+	}
+	r.setErr(errNotStarted)
+	return r, nil
+}
+
+// Ready returns nil when the last pass reached PostgreSQL and Redis, else
+// why not.
+func (r *Relay) Ready() error {
+	if p := r.lastErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (r *Relay) setErr(err error) {
+	if err == nil {
+		r.lastErr.Store(nil)
+		r.cfg.Metrics.Ready.Set(1)
+		return
+	}
+	r.lastErr.Store(&err)
+	r.cfg.Metrics.Ready.Set(0)
+}
+
+// Run relays until ctx is cancelled, then finishes or rolls back the batch
+// in flight and returns nil. It returns an error only if it cannot start.
+func (r *Relay) Run(ctx context.Context) error {
+	r.log.Info("Relay started", "database", r.cfg.Database, "batchSize", r.cfg.BatchSize,
+		"pollInterval", r.cfg.PollInterval.String())
+	listenCtx, stopListening := context.WithCancel(ctx)
+	defer stopListening()
+	go r.listen(listenCtx)
+
+	failures := 0
+	for ctx.Err() == nil {
+		res, err := r.pass(ctx)
+		if err != nil {
+			failures++
+			delay := r.retryDelay(err, failures)
+			r.report(err, failures, delay)
+			sleep(ctx, delay, nil)
+			continue
+		}
+		if failures > 0 {
+			r.log.Info("Relay recovered", "failedPasses", failures)
+			failures = 0
+		}
+		switch {
+		case res.claimed == r.cfg.BatchSize:
+			// More is waiting: no pause after a full batch.
+		case res.claimed > 0:
+			sleep(ctx, r.cfg.BusyPollInterval, r.wake)
+		default:
+			sleep(ctx, r.cfg.PollInterval, r.wake)
+		}
+	}
+	r.log.Info("Relay stopped")
+	return nil
+}
+
+// pass runs one batch. The batch in flight is not cut off by ctx: it
+// finishes or rolls back under its own deadline, so a SIGTERM never leaves a
+// half-done transaction.
+func (r *Relay) pass(ctx context.Context) (*result, error) {
+	passCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+passSlack)
+	defer cancel()
+	res, err := r.runOnce(passCtx)
+	r.setErr(err)
+	return res, err
+}
+
+// passSlack is the time a pass may take beyond its publish deadline for the
+// claim and the commit; statement_timeout bounds those on the server too.
+const passSlack = 15 * time.Second
+
+func (r *Relay) retryDelay(err error, failures int) time.Duration {
+	if errors.Is(err, outbox.ErrTableNotFound) || errors.Is(err, outbox.ErrColumnNotFound) {
+		return r.cfg.MissingTableBackoff
+	}
+	return backoff(failures, r.cfg.MinBackoff, r.cfg.MaxBackoff, jitter)
+}
+
+// report logs a failed pass and counts it by kind. The first failure and
+// every tenth are logged at warning level, the rest at debug, so an outage
+// does not flood the log.
+func (r *Relay) report(err error, failures int, delay time.Duration) {
+	kind := errorKind(err)
+	r.cfg.Metrics.Errors.WithLabelValues(kind).Inc()
+	level := slog.LevelDebug
+	if failures == 1 || failures%10 == 0 {
+		level = slog.LevelWarn
+	}
+	msg := "Relay pass failed, retrying"
+	switch kind {
+	case ErrorKindTableMissing:
+		msg, level = "Outbox table not found, retrying", slog.LevelError
+	case ErrorKindLayout:
+		msg, level = "Outbox column not found, retrying", slog.LevelError
+	}
+	r.log.Log(context.Background(), level, msg, "kind", kind, "database", r.cfg.Database,
+		"error", err.Error(), "failedPasses", failures, "retryIn", delay.String())
+}
+
+// errorKind maps an error to a label value of outbox_relay_errors_total.
+func errorKind(err error) string {
+	var pe *publishError
+	switch {
+	case errors.Is(err, outbox.ErrTableNotFound):
+		return ErrorKindTableMissing
+	case errors.Is(err, outbox.ErrColumnNotFound):
+		return ErrorKindLayout
+	case errors.As(err, &pe):
+		return ErrorKindRedis
+	default:
+		return ErrorKindPostgres
+	}
+}
+
+// result is what one pass did.
+type result struct {
+	claimed, published, deadLettered int
+}
+
+// runOnce claims, publishes and commits one batch.
+func (r *Relay) runOnce(ctx context.Context) (*result, error) {
+	res := &result{}
+	err := withTx(ctx, r.db, func(tx pgx.Tx) error {
+		start := time.Now()
+		events, err := r.cfg.Table.Claim(ctx, tx, r.cfg.BatchSize)
+		if err != nil {
+			return fmt.Errorf("claiming batch: %w", err)
+		}
+		res.claimed = len(events)
+		if len(events) == 0 {
+			// Nothing to publish: still make sure Redis answers, so that
+			// readiness tells the truth on an idle outbox.
+			if err := r.rdb.Ping(ctx).Err(); err != nil {
+				return &publishError{fmt.Errorf("pinging Redis: %w", err)}
+			}
+			return nil
+		}
+		res.published, res.deadLettered, err = r.publish(ctx, events)
+		if err != nil {
+			return err
+		}
+		if r.testHookBeforeCommit != nil {
+			if err := r.testHookBeforeCommit(ctx); err != nil {
+				return err
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Errorf("committing batch: %w", err)
+		}
+		now := time.Now()
+		r.cfg.Metrics.Batches.Inc()
+		r.cfg.Metrics.EventsPublished.Add(float64(res.published))
+		r.cfg.Metrics.EventsDeadLettered.Add(float64(res.deadLettered))
+		r.cfg.Metrics.BatchDuration.Observe(now.Sub(start).Seconds())
+		for _, e := range events {
+			if !e.CreatedAt.IsZero() {
+				r.cfg.Metrics.Lag.Observe(now.Sub(e.CreatedAt).Seconds())
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// withTx runs fn in a transaction. fn may commit it; otherwise withTx
+// commits when fn returns nil. On error it rolls back under a context that
+// is not cancelled, so the row locks are released even when ctx is done.
+func withTx(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer func() {
+		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rbCtx) // after a commit this is a no-op
+	}()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return fmt.Errorf("committing: %w", err)
+	}
+	return nil
+}
+
+// sleep waits for d, ctx or a signal on wake (nil: never).
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-wake:
+	}
+}

@@ -1,0 +1,369 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
+)
+
+func TestDrainsEveryRowOnceInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ids := b.insert(t, 250)
+	r := b.newRelay(t, Config{BatchSize: 100})
+
+	passes := b.drain(t, r)
+
+	require.Equal(t, 4, passes, "three batches (100, 100, 50) and an empty claim")
+	entries := b.readStream(t, b.stream)
+	requireEachOnce(t, entries, ids)
+	for i, e := range entries {
+		require.Equal(t, ids[i], e[FieldEventID], "entry %d out of order", i)
+		require.Equal(t, "order_created", e[FieldEventType])
+		require.Equal(t, `{"n":`+itoa(i)+`}`, e[FieldPayload])
+		require.Len(t, e, 3, "only event_id, event_type and payload by default")
+	}
+	require.Zero(t, b.backlog(t))
+	var undispatched int
+	require.NoError(t, b.db.QueryRow(context.Background(),
+		`SELECT count(*) FROM outbox_events WHERE dispatched_at IS NULL`).Scan(&undispatched))
+	require.Zero(t, undispatched)
+}
+
+func TestFieldOrderMatchesTheReferenceEntry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	b.insert(t, 1)
+	b.drain(t, b.newRelay(t, Config{}))
+	// XRANGE through the raw protocol keeps field order.
+	raw, err := b.rdb.Do(context.Background(), "XRANGE", b.stream, "-", "+").Slice()
+	require.NoError(t, err)
+	require.Len(t, raw, 1)
+	fields := raw[0].([]any)[1].([]any)
+	require.Equal(t, []any{"event_id", fields[1], "event_type", "order_created", "payload", `{"n":0}`}, fields)
+}
+
+func TestTwoRelaysTakeDisjointBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	b.insertBulk(t, 3000)
+	ids := b.allIDs(t)
+	r1 := b.newRelay(t, Config{BatchSize: 50})
+	r2 := b.newRelay(t, Config{BatchSize: 50})
+
+	var wg sync.WaitGroup
+	claimed := [2]int{}
+	for i, r := range []*Relay{r1, r2} {
+		wg.Go(func() {
+			for {
+				res, err := r.runOnce(context.Background())
+				if !assertNoError(t, err) || res.claimed == 0 {
+					return
+				}
+				claimed[i] += res.claimed
+			}
+		})
+	}
+	wg.Wait()
+
+	requireEachOnce(t, b.readStream(t, b.stream), ids)
+	require.Equal(t, 3000, claimed[0]+claimed[1])
+	require.Positive(t, claimed[0], "relay 1 took no batch")
+	require.Positive(t, claimed[1], "relay 2 took no batch")
+}
+
+func assertNoError(t *testing.T, err error) bool {
+	t.Helper()
+	if err != nil {
+		t.Errorf("unexpected error: %v", err)
+		return false
+	}
+	return true
+}
+
+func TestFailureBetweenPublishAndCommitRepublishes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ids := b.insert(t, 10)
+	r := b.newRelay(t, Config{BatchSize: 10})
+	crash := errors.New("relay lost before commit")
+	r.testHookBeforeCommit = func(context.Context) error { return crash }
+
+	_, err := r.runOnce(context.Background())
+	require.ErrorIs(t, err, crash)
+	require.Len(t, b.readStream(t, b.stream), 10, "the batch reached Redis")
+	require.EqualValues(t, 10, b.backlog(t), "but the rows are still pending")
+
+	r.testHookBeforeCommit = nil
+	b.drain(t, r)
+	entries := b.readStream(t, b.stream)
+	require.Len(t, entries, 20, "each event twice: a duplicate, not a loss")
+	require.Equal(t, 10, requireAtLeastOnce(t, entries, ids))
+	require.Zero(t, b.backlog(t))
+}
+
+func TestRedisDownRollsBackAndRecovers(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t, testenv.WithAppendOnly())
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b.insertBulk(t, 500)
+	r := b.newRelay(t, Config{BatchSize: 100, PublishTimeout: time.Second})
+	stop := runInBackground(t, r)
+
+	waitFor(t, "first rows published", func() bool { return b.streamLen(t) > 0 })
+	rs.Stop(t)
+	b.insertBulk(t, 500) // arrive while Redis is down
+	waitFor(t, "relay not ready while Redis is down", func() bool { return r.Ready() != nil })
+	require.Positive(t, b.backlog(t), "nothing is marked dispatched without Redis")
+	rs.Start(t)
+	waitFor(t, "backlog drained after Redis came back", func() bool { return b.backlog(t) == 0 })
+	waitFor(t, "relay ready again", func() bool { return r.Ready() == nil })
+	require.NoError(t, stop())
+
+	dups := requireAtLeastOnce(t, b.readStream(t, b.stream), b.allIDs(t))
+	t.Logf("duplicates after the Redis restart: %d", dups)
+	require.Positive(t, testutilCounter(r.cfg.Metrics.Errors.WithLabelValues(ErrorKindRedis)))
+}
+
+func TestPostgresRestartRecovers(t *testing.T) {
+	t.Parallel()
+	ps := testenv.StartPostgres(t)
+	b := setup(t, bundleOpts{dsn: ps.DSN()})
+	b.insertBulk(t, 500)
+	r := b.newRelay(t, Config{BatchSize: 100})
+	stop := runInBackground(t, r)
+
+	waitFor(t, "first rows published", func() bool { return b.streamLen(t) > 0 })
+	ps.Stop(t)
+	waitFor(t, "relay not ready while PostgreSQL is down", func() bool { return r.Ready() != nil })
+	ps.Start(t)
+	b.insertBulk(t, 500) // arrive after the restart
+	waitFor(t, "backlog drained after PostgreSQL came back", func() bool {
+		n, err := b.table.Backlog(context.Background(), b.db)
+		return err == nil && n.Count == 0
+	})
+	waitFor(t, "relay ready again", func() bool { return r.Ready() == nil })
+	require.NoError(t, stop())
+	ids := b.allIDs(t)
+	require.Len(t, ids, 1000)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+	require.Positive(t, testutilCounter(r.cfg.Metrics.Errors.WithLabelValues(ErrorKindPostgres)))
+}
+
+func TestCustomLayout(t *testing.T) {
+	t.Parallel()
+	table := outbox.MustNew("shop.Events", outbox.Columns{
+		ID: "seq", EventType: "kind", Payload: "body", CreatedAt: "inserted_at", DispatchedAt: "sent_at",
+	})
+	b := setup(t, bundleOpts{table: table, ddl: `
+		CREATE SCHEMA shop;
+		CREATE TABLE shop."Events" (
+			seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+			kind varchar(64) NOT NULL,
+			body jsonb NOT NULL,
+			inserted_at timestamp NOT NULL DEFAULT (now() AT TIME ZONE 'utc'),
+			sent_at timestamp NULL);
+		INSERT INTO shop."Events" (kind, body, inserted_at)
+			SELECT 'k' || g, jsonb_build_object('n', g, 'tags', jsonb_build_array('a', 'b')), '2026-01-01'::timestamp
+			FROM generate_series(1, 25) g;`})
+	r := b.newRelay(t, Config{BatchSize: 10})
+	b.drain(t, r)
+
+	entries := b.readStream(t, b.stream)
+	require.Len(t, entries, 25)
+	for i, e := range entries {
+		n := itoa(i + 1)
+		require.Equal(t, n, e[FieldEventID], "bigint ids, in order on equal created_at")
+		require.Equal(t, "k"+n, e[FieldEventType])
+		require.JSONEq(t, `{"n":`+n+`,"tags":["a","b"]}`, e[FieldPayload])
+	}
+	var sent int
+	require.NoError(t, b.db.QueryRow(context.Background(), `SELECT count(*) FROM shop."Events" WHERE sent_at IS NOT NULL`).Scan(&sent))
+	require.Equal(t, 25, sent)
+}
+
+func TestMalformedRowIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{ddl: `CREATE TABLE outbox_events (
+		id uuid PRIMARY KEY DEFAULT gen_random_uuid(), event_type text, payload text,
+		created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz)`})
+	ctx := context.Background()
+	_, err := b.db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES
+		('ok', '1', now() - interval '3 s'), ('bad', NULL, now() - interval '2 s'), ('ok', '3', now() - interval '1 s')`)
+	require.NoError(t, err)
+	r := b.newRelay(t, Config{})
+	b.drain(t, r)
+
+	main := b.readStream(t, b.stream)
+	require.Len(t, main, 2)
+	require.Equal(t, []string{"1", "3"}, []string{main[0][FieldPayload], main[1][FieldPayload]})
+	dead := b.readStream(t, b.stream+".dead")
+	require.Len(t, dead, 1)
+	require.Equal(t, "bad", dead[0][FieldEventType])
+	require.Contains(t, dead[0][FieldError], "NULL in column payload")
+	require.Zero(t, b.backlog(t), "the bad row does not stall the outbox")
+	require.InDelta(t, 1, testutilCounter(r.cfg.Metrics.EventsDeadLettered), 0)
+}
+
+func TestOversizedPayloadIsDeadLetteredWithoutIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	_, err := b.db.Exec(context.Background(), `INSERT INTO outbox_events (event_type, payload) VALUES ('big', repeat('x', 2048)), ('small', 'y')`)
+	require.NoError(t, err)
+	r := b.newRelay(t, Config{MaxPayloadBytes: 1024})
+	b.drain(t, r)
+
+	require.Len(t, b.readStream(t, b.stream), 1)
+	dead := b.readStream(t, b.stream+".dead")
+	require.Len(t, dead, 1)
+	require.Equal(t, "big", dead[0][FieldEventType])
+	require.Empty(t, dead[0][FieldPayload])
+	require.Contains(t, dead[0][FieldError], "payload of 2048 bytes exceeds the limit of 1024 bytes")
+}
+
+// rejectingHook is a fake: it makes Redis answer one XADD with an error
+// reply, a per-entry rejection that a real Redis server cannot be made to
+// produce for one entry of a pipeline.
+type rejectingHook struct{ payload string }
+
+func (h rejectingHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h rejectingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h rejectingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			args := c.Args()
+			if c.Name() == "xadd" && args[len(args)-1] == h.payload {
+				c.SetErr(redisErrorReply("ERR rejected by the fake for this entry"))
+			}
+		}
+		return err
+	}
+}
+
+type redisErrorReply string
+
+func (e redisErrorReply) Error() string { return string(e) }
+func (redisErrorReply) RedisError()     {}
+
+func TestEntryRejectedByRedisIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	b.rdb.AddHook(rejectingHook{payload: "poison"})
+	_, err := b.db.Exec(context.Background(), `INSERT INTO outbox_events (event_type, payload, created_at) VALUES
+		('a', 'fine', now() - interval '2 s'), ('b', 'poison', now() - interval '1 s')`)
+	require.NoError(t, err)
+	r := b.newRelay(t, Config{})
+	b.drain(t, r)
+	require.Len(t, b.readStream(t, b.stream), 2, "the fake fails the reply, the entry itself was added")
+	dead := b.readStream(t, b.stream+".dead")
+	require.Len(t, dead, 1)
+	require.Equal(t, "b", dead[0][FieldEventType])
+	require.Contains(t, dead[0][FieldError], "rejected by Redis: ERR rejected by the fake")
+}
+
+func TestEveryEntryRefusedIsRetriedNotDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	b.insert(t, 3)
+	// A key of the wrong type refuses every XADD: a fault of the stream.
+	require.NoError(t, b.rdb.Set(context.Background(), b.stream, "not a stream", 0).Err())
+	r := b.newRelay(t, Config{})
+	_, err := r.runOnce(context.Background())
+	require.ErrorContains(t, err, "WRONGTYPE")
+	require.Equal(t, ErrorKindRedis, errorKind(err))
+	require.EqualValues(t, 3, b.backlog(t))
+	n, err := b.rdb.Exists(context.Background(), b.stream+".dead").Result()
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+func TestMissingTableIsReportedAndRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{ddl: "SELECT 1"})
+	var logs syncBuffer
+	r := b.newRelay(t, Config{Logger: newTestLogger(&logs), MissingTableBackoff: 20 * time.Millisecond})
+	_, err := r.runOnce(context.Background())
+	require.ErrorIs(t, err, outbox.ErrTableNotFound)
+	require.Equal(t, ErrorKindTableMissing, errorKind(err))
+
+	stop := runInBackground(t, r)
+	waitFor(t, "a log line about the missing table", func() bool {
+		return strings.Contains(logs.String(), "Outbox table not found")
+	})
+	require.Error(t, r.Ready())
+	_, err = b.db.Exec(context.Background(), b.table.DDL(outbox.DDLOptions{}))
+	require.NoError(t, err)
+	waitFor(t, "ready once the table exists", func() bool { return r.Ready() == nil })
+	require.NoError(t, stop())
+	require.Contains(t, logs.String(), `table=outbox_events`)
+}
+
+func TestNotifyWakesTheRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	_, err := b.db.Exec(context.Background(), b.table.DDL(outbox.DDLOptions{Notify: true}))
+	require.NoError(t, err)
+	// With an hour between polls, only a NOTIFY can make the relay claim.
+	r := b.newRelay(t, Config{PollInterval: time.Hour})
+	stop := runInBackground(t, r)
+	waitFor(t, "first empty pass", func() bool { return r.Ready() == nil })
+	time.Sleep(200 * time.Millisecond) // the listener starts LISTEN in its own goroutine
+	b.insert(t, 1)
+	waitFor(t, "event published on NOTIFY", func() bool { return b.streamLen(t) == 1 })
+	require.NoError(t, stop())
+}
+
+func TestStopFinishesTheBatchInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	b.insert(t, 5)
+	r := b.newRelay(t, Config{BatchSize: 5})
+	ctx, cancel := context.WithCancel(context.Background())
+	r.testHookBeforeCommit = func(context.Context) error {
+		cancel() // SIGTERM arrives after the XADDs, before the commit
+		return nil
+	}
+	require.NoError(t, r.Run(ctx))
+	require.Zero(t, b.backlog(t), "the batch in flight was committed")
+	require.Len(t, b.readStream(t, b.stream), 5)
+}
+
+func TestMaxLenTrimsTheStream(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	b.insertBulk(t, 1000)
+	b.drain(t, b.newRelay(t, Config{MaxLen: 100, BatchSize: 1000}))
+	n := b.streamLen(t)
+	require.Less(t, n, int64(1000))
+	require.GreaterOrEqual(t, n, int64(100))
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	table := outbox.MustNew("", outbox.Columns{})
+	for name, tc := range map[string]struct {
+		cfg  Config
+		want string
+	}{
+		"no table":            {Config{}, "table is required"},
+		"batch too large":     {Config{Table: table, BatchSize: MaxBatchSize + 1}, "batch size 10001 out of range"},
+		"negative batch":      {Config{Table: table, BatchSize: -1}, "batch size -1 out of range"},
+		"same dead letter":    {Config{Table: table, Stream: "s", DeadLetterStream: "s"}, "must differ"},
+		"backoff upside down": {Config{Table: table, MinBackoff: time.Minute, MaxBackoff: time.Second}, "min backoff"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := New(tc.cfg, nil, nil)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}

@@ -1,0 +1,37 @@
+package testenv
+
+import "errors"
+
+// LaunchPostgres starts a dedicated PostgreSQL server outside a test, for
+// programs such as the benchmark, with a database "outbox" on it. The
+// caller must Close it.
+func LaunchPostgres() (*PostgresServer, error) {
+	s, err := newPostgresServer()
+	if err != nil {
+		return nil, err
+	}
+	if err := execAdmin(s.dsn(pgSuperuser), sqlCreateDatabase, pgDedicatedDatabase); err != nil {
+		return nil, errors.Join(err, s.close())
+	}
+	return &PostgresServer{srv: s}, nil
+}
+
+// Close stops a server started by LaunchPostgres and removes its data.
+func (s *PostgresServer) Close() error { return s.srv.close() }
+
+// LaunchRedis starts a dedicated Redis server outside a test. The caller
+// must Close it.
+func LaunchRedis(opts ...RedisOption) (*RedisServer, error) {
+	var cfg redisConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	s, err := newRedisServer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &RedisServer{srv: s}, nil
+}
+
+// Close stops a server started by LaunchRedis and removes its files.
+func (s *RedisServer) Close() error { return s.srv.close() }
