@@ -22,6 +22,12 @@ all: build
 help: ## Display this help.
 	@awk 'BEGIN {FS = ":.*##"; printf "\nUsage:\n  make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
 
+##@ Demo
+
+.PHONY: demo-relay
+demo-relay: test-deps ## Run the relay on throwaway PostgreSQL and Redis: schema, three events, the stream.
+	go run ./hack/demo-relay
+
 ##@ Development
 
 .PHONY: manifests
