@@ -23,6 +23,7 @@ import (
 type runOptions struct {
 	stream, deadLetterStream string
 	batchSize                int
+	inFlight                 int
 	pollInterval             time.Duration
 	busyPollInterval         time.Duration
 	publishTimeout           time.Duration
@@ -48,6 +49,8 @@ func newRunCommand(c *common) *cobra.Command {
 	fs.StringVar(&o.stream, "stream", relay.DefaultStream, "Redis stream to add events to")
 	fs.StringVar(&o.deadLetterStream, "dead-letter-stream", "", "stream for rows that cannot be published (default <stream>.dead)")
 	fs.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, fmt.Sprintf("rows claimed per transaction (1..%d)", relay.MaxBatchSize))
+	fs.IntVar(&o.inFlight, "in-flight", relay.DefaultInFlight,
+		"batches in flight at once (1..8): the next is claimed while one is published; order is kept")
 	fs.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "pause after a pass that found no row")
 	fs.DurationVar(&o.busyPollInterval, "busy-poll-interval", relay.DefaultBusyPollInterval,
 		"pause after a pass that found rows but not a full batch (at most --poll-interval)")
@@ -85,7 +88,7 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		LockTimeout:              o.lockTimeout,
 		IdleInTransactionTimeout: o.idleInTxTimeout,
 		ApplicationName:          "outbox-relay",
-	}, 3) // the batch, the NOTIFY listener, one spare
+	}, int32(o.inFlight)+2) // the batches in flight, the NOTIFY listener, one spare
 	if err != nil {
 		return err
 	}
@@ -111,6 +114,7 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		Stream:           o.stream,
 		DeadLetterStream: o.deadLetterStream,
 		BatchSize:        o.batchSize,
+		InFlight:         o.inFlight,
 		PollInterval:     o.pollInterval,
 		BusyPollInterval: o.busyPollInterval,
 		PublishTimeout:   o.publishTimeout,

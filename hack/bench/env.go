@@ -134,18 +134,18 @@ func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int) (float
 }
 
 type throughputResult struct {
-	batch, procs int
-	rate         float64 // events/s from the first to the last XADD
-	rssMiB       float64 // the largest peak RSS among the processes
+	batch, procs, inFlight int
+	rate                   float64 // events/s from the first to the last XADD
+	rssMiB                 float64 // the largest peak RSS among the processes
 }
 
 // throughput loads n rows and drains them with procs relay processes.
-func (e *benchEnv) throughput(ctx context.Context, n, batch, procs int) (throughputResult, error) {
-	res := throughputResult{batch: batch, procs: procs}
+func (e *benchEnv) throughput(ctx context.Context, n, batch, procs, inFlight int) (throughputResult, error) {
+	res := throughputResult{batch: batch, procs: procs, inFlight: inFlight}
 	if err := e.load(ctx, n); err != nil {
 		return res, err
 	}
-	relays, err := e.startRelays(procs, "--batch-size="+strconv.Itoa(batch))
+	relays, err := e.startRelays(procs, "--batch-size="+strconv.Itoa(batch), "--in-flight="+strconv.Itoa(inFlight))
 	if err != nil {
 		return res, err
 	}
@@ -240,6 +240,11 @@ type latencyResult struct {
 	rssMiB        float64
 }
 
+// warmUp is the start of each latency run left out of the figures: the
+// relay wakes from its idle poll interval into busy polling, and the figures
+// are about the steady state.
+const warmUp = time.Second
+
 // latency offers rate events/s for d, one row per transaction, and measures
 // from each commit's return to the entry's arrival at a blocking XREAD: the
 // commit-to-XADD time plus Redis's delivery to the reader (sub-millisecond on
@@ -275,7 +280,8 @@ func (e *benchEnv) latency(ctx context.Context, rate int, d time.Duration, notif
 	// fixed schedule, so a slow insert delays only its own next slot.
 	const workers = 8
 	interval := time.Second / time.Duration(rate)
-	total := int(d / interval)
+	total := int((d + warmUp) / interval)
+	skip := int(warmUp / interval)
 	start := time.Now().Add(100 * time.Millisecond)
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -291,9 +297,11 @@ func (e *benchEnv) latency(ctx context.Context, rate int, d time.Duration, notif
 					return
 				}
 				now := time.Now()
-				mu.Lock()
-				committed[id] = now
-				mu.Unlock()
+				if i >= skip {
+					mu.Lock()
+					committed[id] = now
+					mu.Unlock()
+				}
 			}
 		})
 	}
@@ -322,7 +330,7 @@ func (e *benchEnv) latency(ctx context.Context, rate int, d time.Duration, notif
 
 	mu.Lock()
 	defer mu.Unlock()
-	lat := make([]time.Duration, 0, total)
+	lat := make([]time.Duration, 0, len(committed))
 	for id, c := range committed {
 		r, ok := received[id]
 		if !ok {
@@ -332,7 +340,7 @@ func (e *benchEnv) latency(ctx context.Context, rate int, d time.Duration, notif
 	}
 	slices.Sort(lat)
 	res.events = len(lat)
-	res.achieved = float64(total) / elapsed.Seconds()
+	res.achieved = float64(total) / elapsed.Seconds() // over the whole run, warm-up included
 	res.p50 = lat[len(lat)*50/100]
 	res.p99 = lat[len(lat)*99/100]
 	res.max = lat[len(lat)-1]

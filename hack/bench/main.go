@@ -33,6 +33,7 @@ type options struct {
 	rows       int
 	batchSizes []int
 	procs      []int
+	inFlight   []int
 	rate       int
 	duration   time.Duration
 	chart      string
@@ -41,10 +42,11 @@ type options struct {
 
 func main() {
 	var o options
-	var batches, procs string
+	var batches, procs, inFlight string
 	flag.IntVar(&o.rows, "rows", 100_000, "rows drained per throughput run")
 	flag.StringVar(&batches, "batch-sizes", "100,500,1000", "batch sizes to measure")
 	flag.StringVar(&procs, "procs", "1,2", "relay process counts to measure")
+	flag.StringVar(&inFlight, "in-flight", "1,2", "values of relay --in-flight to measure")
 	flag.IntVar(&o.rate, "rate", 2000, "offered load of the latency runs, events/s")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each latency run")
 	flag.StringVar(&o.chart, "chart", "docs/benchmarks-relay.png", "PNG chart to write; empty: none")
@@ -53,6 +55,9 @@ func main() {
 	var err error
 	if o.batchSizes, err = ints(batches); err == nil {
 		o.procs, err = ints(procs)
+	}
+	if err == nil {
+		o.inFlight, err = ints(inFlight)
 	}
 	if err == nil {
 		err = run(context.Background(), o)
@@ -120,14 +125,17 @@ func run(ctx context.Context, o options) error {
 		report.raw = append(report.raw, rawResult{conns: conns, batch: 500, rate: rate})
 		logf("raw claim, batch 500, %d connection(s): %.0f rows/s", conns, rate)
 	}
-	for _, batch := range o.batchSizes {
-		for _, procs := range o.procs {
-			res, err := env.throughput(ctx, o.rows, batch, procs)
-			if err != nil {
-				return err
+	for _, inFlight := range o.inFlight {
+		for _, batch := range o.batchSizes {
+			for _, procs := range o.procs {
+				res, err := env.throughput(ctx, o.rows, batch, procs, inFlight)
+				if err != nil {
+					return err
+				}
+				report.throughput = append(report.throughput, res)
+				logf("relay, batch %d, %d process(es), %d in flight: %.0f events/s, peak RSS %.1f MiB",
+					batch, procs, inFlight, res.rate, res.rssMiB)
 			}
-			report.throughput = append(report.throughput, res)
-			logf("relay, batch %d, %d process(es): %.0f events/s, peak RSS %.1f MiB", batch, procs, res.rate, res.rssMiB)
 		}
 	}
 	for _, notify := range []bool{false, true} {

@@ -41,12 +41,13 @@ func (r *report) print(w io.Writer) {
 		fmt.Fprintf(w, "| %d | %d | %.0f |\n", x.conns, x.batch, x.rate)
 	}
 	fmt.Fprintf(w, "\nRelay throughput, %d rows drained by `relay run`:\n\n", r.rows)
-	fmt.Fprintln(w, "| batch | processes | events/s | of raw claim rate | peak RSS (MiB) |")
-	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintln(w, "| batch | processes | in flight | events/s | of raw claim rate | peak RSS (MiB) |")
+	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, x := range r.throughput {
-		fmt.Fprintf(w, "| %d | %d | %.0f | %.0f%% | %.1f |\n", x.batch, x.procs, x.rate, 100*x.rate/r.rawFor(x.procs), x.rssMiB)
+		fmt.Fprintf(w, "| %d | %d | %d | %.0f | %.0f%% | %.1f |\n", x.batch, x.procs, x.inFlight, x.rate,
+			100*x.rate/r.rawFor(x.procs), x.rssMiB)
 	}
-	fmt.Fprintln(w, "\nLatency from commit of the outbox row to the entry in the stream, one relay, default flags:")
+	fmt.Fprintf(w, "\nLatency from commit of the outbox row to the entry in the stream, one relay, default flags, after a %s warm-up:\n", warmUp)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| wake-up | offered ev/s | achieved ev/s | events | p50 | p99 | max | peak RSS (MiB) |")
 	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -72,23 +73,24 @@ func (r *report) chart(path string) error {
 	p.Y.Label.Text = "events/s"
 	p.X.Label.Text = "batch size"
 	var batches []int
-	byProcs := map[int]map[int]float64{}
-	var procsOrder []int
+	bySeries := map[string]map[int]float64{}
+	var series []string
 	for _, x := range r.throughput {
-		if byProcs[x.procs] == nil {
-			byProcs[x.procs] = map[int]float64{}
-			procsOrder = append(procsOrder, x.procs)
+		name := fmt.Sprintf("%d process(es), %d in flight", x.procs, x.inFlight)
+		if bySeries[name] == nil {
+			bySeries[name] = map[int]float64{}
+			series = append(series, name)
 		}
-		byProcs[x.procs][x.batch] = x.rate
+		bySeries[name][x.batch] = x.rate
 		if !contains(batches, x.batch) {
 			batches = append(batches, x.batch)
 		}
 	}
-	width := vg.Points(18)
-	for i, procs := range procsOrder {
+	width := vg.Points(14)
+	for i, name := range series {
 		vals := make(plotter.Values, len(batches))
 		for j, b := range batches {
-			vals[j] = byProcs[procs][b]
+			vals[j] = bySeries[name][b]
 		}
 		bars, err := plotter.NewBarChart(vals, width)
 		if err != nil {
@@ -96,9 +98,9 @@ func (r *report) chart(path string) error {
 		}
 		bars.Color = plotutil.Color(i)
 		bars.LineStyle.Width = 0
-		bars.Offset = width * vg.Length(float64(i)-float64(len(procsOrder)-1)/2)
+		bars.Offset = width * vg.Length(float64(i)-float64(len(series)-1)/2)
 		p.Add(bars)
-		p.Legend.Add(fmt.Sprintf("%d relay process(es)", procs), bars)
+		p.Legend.Add(name, bars)
 	}
 	for i, raw := range r.raw {
 		line, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: raw.rate}, {X: float64(len(batches)) - 0.5, Y: raw.rate}})
@@ -106,7 +108,7 @@ func (r *report) chart(path string) error {
 			return err
 		}
 		line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-		line.Color = plotutil.Color(i)
+		line.Color = plotutil.Color(len(series) + i)
 		p.Add(line)
 		p.Legend.Add(fmt.Sprintf("raw claim, %d connection(s)", raw.conns), line)
 	}
@@ -118,7 +120,8 @@ func (r *report) chart(path string) error {
 	p.Legend.Top = true
 	p.Legend.Left = true
 	p.Y.Min = 0
-	return p.Save(7*vg.Inch, 4*vg.Inch, path)
+	p.Y.Max *= 1.35 // room for the legend above the bars
+	return p.Save(8*vg.Inch, 4.5*vg.Inch, path)
 }
 
 func contains(xs []int, x int) bool {

@@ -23,6 +23,8 @@ const (
 	// DefaultMissingTableBackoff is the slower retry while the table is
 	// missing: that is a deployment mistake, not a blip.
 	DefaultMissingTableBackoff = 30 * time.Second
+	// DefaultInFlight is the number of batches a relay keeps in flight.
+	DefaultInFlight = 2
 	// MaxBatchSize bounds BatchSize.
 	MaxBatchSize = 10000
 )
@@ -45,6 +47,13 @@ type Config struct {
 	// latency stays low without the NOTIFY trigger; once the outbox is idle
 	// it falls back to PollInterval. Capped at PollInterval.
 	BusyPollInterval time.Duration
+	// InFlight is the number of batches in flight at once, each in its own
+	// transaction: with 2, the next batch is claimed while the previous one
+	// is published and committed. Claims are made one at a time and batches
+	// are published in the order they were claimed, so the stream keeps
+	// created_at order either way (barring a failed batch, which is
+	// republished later). 1 makes the relay strictly sequential.
+	InFlight int
 	// PublishTimeout is the deadline of one batch's pipeline to Redis. The
 	// transaction holds its row locks for at most about this long.
 	PublishTimeout time.Duration
@@ -72,6 +81,7 @@ func (c Config) withDefaults() Config {
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.BusyPollInterval = min(cmp.Or(c.BusyPollInterval, DefaultBusyPollInterval), c.PollInterval)
+	c.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
 	c.MaxPayloadBytes = cmp.Or(c.MaxPayloadBytes, DefaultMaxPayloadBytes)
 	c.MinBackoff = cmp.Or(c.MinBackoff, DefaultMinBackoff)
@@ -96,6 +106,9 @@ func (c Config) validate() error {
 	}
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
 		errs = append(errs, fmt.Errorf("batch size %d out of range 1..%d", c.BatchSize, MaxBatchSize))
+	}
+	if c.InFlight < 1 || c.InFlight > 8 {
+		errs = append(errs, fmt.Errorf("in-flight batches %d out of range 1..8", c.InFlight))
 	}
 	if c.PollInterval < time.Millisecond {
 		errs = append(errs, fmt.Errorf("poll interval %s below 1ms", c.PollInterval))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +28,8 @@ type Relay struct {
 	lastErr atomic.Pointer[error]
 	// wake is signalled by the NOTIFY listener.
 	wake chan struct{}
+	// failures counts the failed passes of the current outage.
+	failures atomic.Int64
 
 	// testHookBeforeCommit, when set, runs after every XADD of a batch was
 	// acknowledged and before the commit; an error rolls the batch back.
@@ -78,49 +81,71 @@ func (r *Relay) setErr(err error) {
 	r.cfg.Metrics.Ready.Set(0)
 }
 
-// Run relays until ctx is cancelled, then finishes or rolls back the batch
-// in flight and returns nil. It returns an error only if it cannot start.
+// Run relays until ctx is cancelled, then finishes or rolls back the
+// batches in flight and returns nil. It returns an error only if it cannot
+// start.
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("Relay started", "database", r.cfg.Database, "batchSize", r.cfg.BatchSize,
-		"pollInterval", r.cfg.PollInterval.String())
+		"pollInterval", r.cfg.PollInterval.String(), "inFlight", r.cfg.InFlight)
 	listenCtx, stopListening := context.WithCancel(ctx)
 	defer stopListening()
 	go r.listen(listenCtx)
 
-	failures := 0
-	for ctx.Err() == nil {
-		res, err := r.pass(ctx)
-		if err != nil {
-			failures++
-			delay := r.retryDelay(err, failures)
-			r.report(err, failures, delay)
-			sleep(ctx, delay, nil)
-			continue
+	seq := newSequencer()
+	var wg sync.WaitGroup
+	for range r.cfg.InFlight {
+		wg.Go(func() { r.loop(ctx, seq) })
+	}
+	wg.Wait()
+	r.log.Info("Relay stopped")
+	return nil
+}
+
+// loop runs passes, each holding the claim token of seq until its claim
+// came back full (then the next claim may overlap this batch's publish) or
+// until its pause is over (so that polling is not multiplied by InFlight).
+func (r *Relay) loop(ctx context.Context, seq *sequencer) {
+	for {
+		ticket, ok := seq.acquire(ctx)
+		if !ok {
+			return
 		}
-		if failures > 0 {
-			r.log.Info("Relay recovered", "failedPasses", failures)
-			failures = 0
-		}
+		res, err := r.pass(ctx, seq, ticket)
+		var pause time.Duration
+		var wake <-chan struct{}
 		switch {
+		case err != nil:
+			failures := int(r.failures.Add(1))
+			pause = r.retryDelay(err, failures)
+			r.report(err, failures, pause)
 		case res.claimed == r.cfg.BatchSize:
 			// More is waiting: no pause after a full batch.
 		case res.claimed > 0:
-			sleep(ctx, r.cfg.BusyPollInterval, r.wake)
+			pause, wake = r.cfg.BusyPollInterval, r.wake
 		default:
-			sleep(ctx, r.cfg.PollInterval, r.wake)
+			pause, wake = r.cfg.PollInterval, r.wake
+		}
+		if err == nil {
+			if failures := r.failures.Swap(0); failures > 0 {
+				r.log.Info("Relay recovered", "failedPasses", failures)
+			}
+		}
+		if pause > 0 {
+			sleep(ctx, pause, wake)
+		}
+		if !res.released {
+			seq.release()
 		}
 	}
-	r.log.Info("Relay stopped")
-	return nil
 }
 
 // pass runs one batch. The batch in flight is not cut off by ctx: it
 // finishes or rolls back under its own deadline, so a SIGTERM never leaves a
 // half-done transaction.
-func (r *Relay) pass(ctx context.Context) (*result, error) {
+func (r *Relay) pass(ctx context.Context, seq *sequencer, ticket uint64) (*result, error) {
 	passCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+passSlack)
 	defer cancel()
-	res, err := r.runOnce(passCtx)
+	res, err := r.runBatch(passCtx, seq, ticket)
 	r.setErr(err)
 	return res, err
 }
@@ -175,11 +200,30 @@ func errorKind(err error) string {
 // result is what one pass did.
 type result struct {
 	claimed, published, deadLettered int
+	// released: the pass gave the claim token back early, after a full claim.
+	released bool
 }
 
-// runOnce claims, publishes and commits one batch.
+// runOnce claims, publishes and commits one batch on its own, without a
+// sequencer.
 func (r *Relay) runOnce(ctx context.Context) (*result, error) {
+	return r.runBatch(ctx, nil, 0)
+}
+
+// runBatch claims, publishes and commits one batch. With a sequencer, it
+// publishes in ticket order and releases the claim token right after a full
+// claim.
+func (r *Relay) runBatch(ctx context.Context, seq *sequencer, ticket uint64) (*result, error) {
 	res := &result{}
+	turnDone := seq == nil
+	endTurn := func() {
+		if !turnDone {
+			turnDone = true
+			seq.done(ticket)
+		}
+	}
+	defer endTurn() // on every path, so later tickets never wait forever
+
 	err := withTx(ctx, r.db, func(tx pgx.Tx) error {
 		start := time.Now()
 		events, err := r.cfg.Table.Claim(ctx, tx, r.cfg.BatchSize)
@@ -187,6 +231,10 @@ func (r *Relay) runOnce(ctx context.Context) (*result, error) {
 			return fmt.Errorf("claiming batch: %w", err)
 		}
 		res.claimed = len(events)
+		if seq != nil && len(events) == r.cfg.BatchSize {
+			seq.release()
+			res.released = true
+		}
 		if len(events) == 0 {
 			// Nothing to publish: still make sure Redis answers, so that
 			// readiness tells the truth on an idle outbox.
@@ -195,7 +243,11 @@ func (r *Relay) runOnce(ctx context.Context) (*result, error) {
 			}
 			return nil
 		}
+		if seq != nil {
+			seq.wait(ticket)
+		}
 		res.published, res.deadLettered, err = r.publish(ctx, events)
+		endTurn()
 		if err != nil {
 			return err
 		}
@@ -219,10 +271,7 @@ func (r *Relay) runOnce(ctx context.Context) (*result, error) {
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return res, nil
+	return res, err
 }
 
 // withTx runs fn in a transaction. fn may commit it; otherwise withTx

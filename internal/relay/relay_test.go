@@ -367,3 +367,22 @@ func TestConfigValidation(t *testing.T) {
 		})
 	}
 }
+
+func TestTwoBatchesInFlightKeepOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	b.insertBulk(t, 5000)
+	ids := b.allIDs(t)
+	r := b.newRelay(t, Config{BatchSize: 100, InFlight: 2})
+	stop := runInBackground(t, r)
+	waitFor(t, "every event published", func() bool { return b.streamLen(t) == 5000 })
+	waitFor(t, "backlog drained", func() bool { return b.backlog(t) == 0 })
+	require.NoError(t, stop())
+
+	entries := b.readStream(t, b.stream)
+	requireEachOnce(t, entries, ids)
+	for i, e := range entries {
+		require.Equal(t, ids[i], e[FieldEventID], "entry %d out of created_at order", i)
+	}
+	require.EqualValues(t, 50, testutilCounter(r.cfg.Metrics.Batches))
+}
