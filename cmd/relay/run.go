@@ -32,6 +32,7 @@ type runOptions struct {
 	idleInTxTimeout          time.Duration
 	maxLen                   int64
 	maxPayloadBytes          int
+	missingTableRetry        time.Duration
 	metricsAddr, probeAddr   string
 }
 
@@ -61,12 +62,48 @@ func newRunCommand(c *common) *cobra.Command {
 		"PostgreSQL idle_in_transaction_session_timeout: a relay cut off mid-batch loses its locks after this")
 	fs.Int64Var(&o.maxLen, "max-len", 0, "trim the stream to about this many entries (XADD MAXLEN ~); 0 keeps all")
 	fs.IntVar(&o.maxPayloadBytes, "max-payload-bytes", relay.DefaultMaxPayloadBytes, "larger payloads are dead-lettered")
+	fs.DurationVar(&o.missingTableRetry, "missing-table-retry-interval", relay.DefaultMissingTableBackoff,
+		"retry interval while the outbox table or one of its columns is missing")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of /metrics; 0 disables")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 disables")
 	return cmd
 }
 
+// validate refuses values that the relay's Config would silently replace by
+// its defaults (a zero) or refuse less clearly.
+func (o *runOptions) validate() error {
+	var errs []error
+	if o.batchSize < 1 || o.batchSize > relay.MaxBatchSize {
+		errs = append(errs, fmt.Errorf("--batch-size %d: must be between 1 and %d", o.batchSize, relay.MaxBatchSize))
+	}
+	if o.inFlight < 1 || o.inFlight > 8 {
+		errs = append(errs, fmt.Errorf("--in-flight %d: must be between 1 and 8", o.inFlight))
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"--poll-interval", o.pollInterval}, {"--busy-poll-interval", o.busyPollInterval},
+		{"--publish-timeout", o.publishTimeout}, {"--statement-timeout", o.statementTimeout},
+		{"--lock-timeout", o.lockTimeout}, {"--missing-table-retry-interval", o.missingTableRetry}, {"--idle-in-transaction-timeout", o.idleInTxTimeout},
+	} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s %s: must be positive", d.flag, d.v))
+		}
+	}
+	if o.maxPayloadBytes < 1 {
+		errs = append(errs, fmt.Errorf("--max-payload-bytes %d: must be positive", o.maxPayloadBytes))
+	}
+	if o.maxLen < 0 {
+		errs = append(errs, fmt.Errorf("--max-len %d: must be 0 (off) or positive", o.maxLen))
+	}
+	return errors.Join(errs...)
+}
+
 func runRelay(ctx context.Context, c *common, o *runOptions) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
 	log, err := c.logger()
 	if err != nil {
 		return err
@@ -110,19 +147,20 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		return err
 	}
 	r, err := relay.New(relay.Config{
-		Table:            table,
-		Stream:           o.stream,
-		DeadLetterStream: o.deadLetterStream,
-		BatchSize:        o.batchSize,
-		InFlight:         o.inFlight,
-		PollInterval:     o.pollInterval,
-		BusyPollInterval: o.busyPollInterval,
-		PublishTimeout:   o.publishTimeout,
-		MaxLen:           o.maxLen,
-		MaxPayloadBytes:  o.maxPayloadBytes,
-		Database:         databaseName(dsn),
-		Logger:           log,
-		Metrics:          metrics,
+		Table:               table,
+		Stream:              o.stream,
+		DeadLetterStream:    o.deadLetterStream,
+		BatchSize:           o.batchSize,
+		InFlight:            o.inFlight,
+		PollInterval:        o.pollInterval,
+		BusyPollInterval:    o.busyPollInterval,
+		PublishTimeout:      o.publishTimeout,
+		MaxLen:              o.maxLen,
+		MaxPayloadBytes:     o.maxPayloadBytes,
+		MissingTableBackoff: o.missingTableRetry,
+		Database:            databaseName(dsn),
+		Logger:              log,
+		Metrics:             metrics,
 	}, db, rdb)
 	if err != nil {
 		return err

@@ -139,8 +139,8 @@ func compareIDs(a, b string) int {
 type Backlog struct {
 	// Count of rows not yet dispatched.
 	Count int64 `json:"count"`
-	// Oldest created_at among them; nil when there are none.
-	Oldest *time.Time `json:"oldest,omitempty"`
+	// Oldest created_at among them; nil (JSON null) when there are none.
+	Oldest *time.Time `json:"oldest"`
 }
 
 // Age of the oldest pending row at now, zero when none is pending.

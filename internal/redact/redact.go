@@ -11,7 +11,8 @@ import (
 // Placeholder replaces every password.
 const Placeholder = "xxxxx"
 
-// kvPassword matches password=... in a key/value DSN, quoted or not.
+// kvPassword matches password=... (and sslpassword=...) in a key/value DSN,
+// quoted or not.
 var kvPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
 // URL returns s with its password replaced by Placeholder. It understands
@@ -28,8 +29,14 @@ func URL(s string) string {
 			u.User = url.UserPassword(u.User.Username(), Placeholder)
 		}
 		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", Placeholder)
+		masked := false
+		for k := range q {
+			if strings.Contains(strings.ToLower(k), "password") { // password, sslpassword
+				q.Set(k, Placeholder)
+				masked = true
+			}
+		}
+		if masked {
 			u.RawQuery = q.Encode()
 		}
 		return u.String()

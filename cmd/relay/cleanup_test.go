@@ -1,0 +1,109 @@
+package main
+
+import (
+	"regexp"
+	"slices"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// insertRows writes n rows of kind (the event_type) created and dispatched
+// the given PostgreSQL intervals ago (dispatched "" for pending rows), and
+// returns their ids.
+func insertRows(t *testing.T, db *pgxpool.Pool, kind string, n int, createdAgo, dispatchedAgo string) []string {
+	t.Helper()
+	var dispatched any
+	if dispatchedAgo != "" {
+		dispatched = dispatchedAgo
+	}
+	return queryStrings(t, db, `INSERT INTO outbox_events (event_type, payload, created_at, dispatched_at)
+		SELECT $1, '{}', now() - $2::text::interval, now() - $3::text::interval FROM generate_series(1, $4)
+		RETURNING id::text`, kind, createdAgo, dispatched, n)
+}
+
+func allRowIDs(t *testing.T, db *pgxpool.Pool) []string {
+	t.Helper()
+	return queryStrings(t, db, `SELECT id::text FROM outbox_events ORDER BY id`)
+}
+
+func sorted(ids ...[]string) []string {
+	all := slices.Concat(ids...)
+	slices.Sort(all)
+	return all
+}
+
+var deletedRE = regexp.MustCompile(`^deleted (\d+) dispatched rows older than (\S+) from outbox_events in \S+\n$`)
+
+// requireDeleted checks cleanup's report of n deleted rows.
+func requireDeleted(t *testing.T, res result, n, retention string) {
+	t.Helper()
+	m := deletedRE.FindStringSubmatch(res.stdout)
+	require.NotNil(t, m, "cleanup output: %q", res.stdout)
+	require.Equal(t, n, m[1], "rows deleted")
+	require.Equal(t, retention, m[2])
+}
+
+func TestCleanupDeletesOnlyOldDispatchedRows(t *testing.T) {
+	t.Parallel()
+	dsn, db := freshDB(t)
+	env := relayEnv("DATABASE_URL=" + dsn)
+	old := insertRows(t, db, "old", 3, "3 hours", "2 hours")
+	recent := insertRows(t, db, "recent", 2, "3 hours", "10 minutes")
+	pendingIDs := insertRows(t, db, "pending", 2, "3 hours", "")
+	require.EqualValues(t, 2, pending(t, db))
+
+	// The default retention is 72h: nothing is that old.
+	requireDeleted(t, requireSuccess(t, env, "cleanup"), "0", "72h0m0s")
+	require.Equal(t, sorted(old, recent, pendingIDs), allRowIDs(t, db))
+
+	requireDeleted(t, requireSuccess(t, env, "cleanup", "--retention", "1h"), "3", "1h0m0s")
+	require.Equal(t, sorted(recent, pendingIDs), allRowIDs(t, db),
+		"only rows dispatched before the retention are gone; pending rows stay however old")
+	require.ElementsMatch(t, pendingIDs,
+		queryStrings(t, db, `SELECT id::text FROM outbox_events WHERE dispatched_at IS NULL`))
+
+	requireDeleted(t, requireSuccess(t, env, "cleanup", "--retention=1h"), "0", "1h0m0s")
+	require.Equal(t, sorted(recent, pendingIDs), allRowIDs(t, db), "a second run deletes nothing")
+
+	// RELAY_RETENTION sets the flag like any other.
+	requireDeleted(t, requireSuccess(t, relayEnv("DATABASE_URL="+dsn, "RELAY_RETENTION=5m"), "cleanup"), "2", "5m0s")
+	require.Equal(t, sorted(pendingIDs), allRowIDs(t, db))
+}
+
+func TestCleanupDeletesInBatches(t *testing.T) {
+	t.Parallel()
+	dsn, db := freshDB(t)
+	env := relayEnv("DATABASE_URL=" + dsn)
+	insertRows(t, db, "old", 5, "3 hours", "2 hours")
+	keep := insertRows(t, db, "recent", 1, "3 hours", "10 minutes")
+
+	requireDeleted(t, requireSuccess(t, env, "cleanup", "--retention", "1h", "--batch-size", "2"), "5", "1h0m0s")
+	require.Equal(t, keep, allRowIDs(t, db))
+
+	// A batch size that divides the count: the last, empty batch ends it.
+	insertRows(t, db, "old", 4, "3 hours", "2 hours")
+	requireDeleted(t, requireSuccess(t, env, "cleanup", "--retention", "1h", "--batch-size", "2"), "4", "1h0m0s")
+	require.Equal(t, keep, allRowIDs(t, db))
+}
+
+func TestCleanupRejectsInvalidFlags(t *testing.T) {
+	t.Parallel()
+	dsn, db := freshDB(t)
+	insertRows(t, db, "old", 1, "3 hours", "2 hours")
+	env := relayEnv("DATABASE_URL=" + dsn)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--batch-size", "0"}, "--batch-size 0 must be at least 1"},
+		{[]string{"--retention", "-1h"}, "--retention -1h0m0s is negative"},
+		{[]string{"--retention", "forever"}, "invalid argument"},
+	} {
+		res := execRelay(t, env, append([]string{"cleanup"}, tc.args...)...)
+		require.NotZero(t, res.code, "cleanup %v", tc.args)
+		require.Contains(t, res.stderr, tc.want, "cleanup %v", tc.args)
+	}
+	require.Len(t, allRowIDs(t, db), 1, "nothing deleted")
+}
