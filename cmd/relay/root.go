@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/outbox-dev/outbox-operator/internal/logging"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/internal/redact"
 )
@@ -25,10 +26,9 @@ const (
 // common are the options every subcommand shares: the outbox layout and
 // logging.
 type common struct {
-	table     string
-	columns   outbox.Columns
-	logLevel  string
-	logFormat string
+	table   string
+	columns outbox.Columns
+	log     logging.Flags
 }
 
 func (c *common) addFlags(fs *pflag.FlagSet) {
@@ -38,8 +38,7 @@ func (c *common) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.columns.Payload, "payload-column", outbox.DefaultPayloadColumn, "payload column")
 	fs.StringVar(&c.columns.CreatedAt, "created-at-column", outbox.DefaultCreatedAtColumn, "created-at column")
 	fs.StringVar(&c.columns.DispatchedAt, "dispatched-at-column", outbox.DefaultDispatchedAtColumn, "dispatched-at column")
-	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or text")
+	c.log.AddFlags(fs)
 }
 
 // outboxTable validates the layout flags.
@@ -48,20 +47,7 @@ func (c *common) outboxTable() (*outbox.Table, error) {
 }
 
 // logger builds the process logger from the flags.
-func (c *common) logger() (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	opts := &slog.HandlerOptions{Level: level}
-	switch c.logFormat {
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: must be json or text", c.logFormat)
-}
+func (c *common) logger() (*slog.Logger, error) { return c.log.Logger(os.Stderr) }
 
 // secretEnv reads a secret from the environment.
 func secretEnv(name string) (string, error) {

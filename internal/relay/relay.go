@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/pgtx"
 )
 
 // Relay runs the claim, publish, commit loop for one outbox table and one
@@ -224,7 +225,7 @@ func (r *Relay) runBatch(ctx context.Context, seq *sequencer, ticket uint64) (*r
 	}
 	defer endTurn() // on every path, so later tickets never wait forever
 
-	err := withTx(ctx, r.db, func(tx pgx.Tx) error {
+	err := pgtx.Run(ctx, r.db, func(tx pgx.Tx) error {
 		start := time.Now()
 		events, err := r.cfg.Table.Claim(ctx, tx, r.cfg.BatchSize)
 		if err != nil {
@@ -272,28 +273,6 @@ func (r *Relay) runBatch(ctx context.Context, seq *sequencer, ticket uint64) (*r
 		return nil
 	})
 	return res, err
-}
-
-// withTx runs fn in a transaction. fn may commit it; otherwise withTx
-// commits when fn returns nil. On error it rolls back under a context that
-// is not cancelled, so the row locks are released even when ctx is done.
-func withTx(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("beginning transaction: %w", err)
-	}
-	defer func() {
-		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = tx.Rollback(rbCtx) // after a commit this is a no-op
-	}()
-	if err := fn(tx); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		return fmt.Errorf("committing: %w", err)
-	}
-	return nil
 }
 
 // sleep waits for d, ctx or a signal on wake (nil: never).
