@@ -1,0 +1,9 @@
+package outbox_test
+
+import (
+	"testing"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
