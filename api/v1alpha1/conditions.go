@@ -1,0 +1,134 @@
+/*
+Copyright 2026 The outbox-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package v1alpha1
+
+// ConditionType is the type of one of an OutboxRelay's status conditions.
+type ConditionType string
+
+// The condition types of an OutboxRelay. Ready sums up the others.
+const (
+	// ConditionReady is True when the relays run as specified: the Secrets
+	// resolve, the database answers, the backlog is not stalled and every
+	// desired relay is available. When False or Unknown, its reason is the
+	// first of the other conditions' failure reasons, in the order the
+	// controller checks them (see docs/controller.md).
+	ConditionReady ConditionType = "Ready"
+
+	// ConditionSecretsResolved is True when the DSN and Redis URL Secrets
+	// exist in the OutboxRelay's namespace, have the referenced keys and hold
+	// values of the right shape.
+	ConditionSecretsResolved ConditionType = "SecretsResolved"
+
+	// ConditionDatabaseReachable is True when the last backlog check reached
+	// the database and found the outbox table and its columns.
+	ConditionDatabaseReachable ConditionType = "DatabaseReachable"
+
+	// ConditionBacklogHealthy is True when the oldest undispatched row is
+	// younger than backlog.stalledAfter.
+	ConditionBacklogHealthy ConditionType = "BacklogHealthy"
+
+	// ConditionRelaysAvailable is True when the Deployment has rolled out
+	// and has as many available relays as desiredReplicas.
+	ConditionRelaysAvailable ConditionType = "RelaysAvailable"
+)
+
+// Reason is the machine-readable reason of a condition: UpperCamelCase, and
+// also the reason of the Event emitted when a condition changes to it.
+type Reason string
+
+// Reasons of the Ready condition when nothing is wrong, and of the other
+// conditions when they are True.
+const (
+	// ReasonRelaysReady: Ready is True.
+	ReasonRelaysReady Reason = "RelaysReady"
+	// ReasonSecretsResolved: both Secrets and keys were found.
+	ReasonSecretsResolved Reason = "SecretsResolved"
+	// ReasonBacklogMeasured: the last backlog check succeeded.
+	ReasonBacklogMeasured Reason = "BacklogMeasured"
+	// ReasonBacklogWithinLimit: no undispatched row is older than
+	// backlog.stalledAfter.
+	ReasonBacklogWithinLimit Reason = "BacklogWithinLimit"
+	// ReasonRelaysAvailable: every desired relay is available.
+	ReasonRelaysAvailable Reason = "RelaysAvailable"
+)
+
+// Reasons that say what is wrong. Each one names exactly one cause, so that
+// a user (or an alert) can act on the reason alone; the message adds the
+// details, never a password or a connection string.
+const (
+	// ReasonSecretNotFound: a referenced Secret does not exist in the
+	// OutboxRelay's namespace. Creating it recovers without further action.
+	ReasonSecretNotFound Reason = "SecretNotFound"
+	// ReasonSecretKeyMissing: a referenced Secret exists but lacks the key,
+	// or the value under it is empty.
+	ReasonSecretKeyMissing Reason = "SecretKeyMissing"
+	// ReasonDSNInvalid: the value under postgres.dsnSecretRef is not a
+	// PostgreSQL connection string.
+	ReasonDSNInvalid Reason = "DSNInvalid"
+	// ReasonRedisURLInvalid: the value under redis.urlSecretRef is not a
+	// redis:// or rediss:// URL.
+	ReasonRedisURLInvalid Reason = "RedisURLInvalid"
+	// ReasonInvalidSpec: the spec passed admission but cannot be used (for
+	// example, the outbox layout was refused by the operator's own checks).
+	ReasonInvalidSpec Reason = "InvalidSpec"
+	// ReasonDeploymentFailed: the relay Deployment could not be created or
+	// updated; the message has the API server's answer.
+	ReasonDeploymentFailed Reason = "DeploymentFailed"
+	// ReasonCronJobFailed: the cleanup CronJob could not be created or
+	// updated; the message has the API server's answer.
+	ReasonCronJobFailed Reason = "CronJobFailed"
+	// ReasonBacklogCheckPending: the backlog has not been measured yet for
+	// the current Secrets and layout (status Unknown).
+	ReasonBacklogCheckPending Reason = "BacklogCheckPending"
+	// ReasonDatabaseUnreachable: the backlog check could not connect to
+	// PostgreSQL, or timed out, or the server refused the query.
+	ReasonDatabaseUnreachable Reason = "DatabaseUnreachable"
+	// ReasonOutboxTableNotFound: the database has no such table (or schema).
+	ReasonOutboxTableNotFound Reason = "OutboxTableNotFound"
+	// ReasonOutboxColumnNotFound: the table lacks one of the configured
+	// columns.
+	ReasonOutboxColumnNotFound Reason = "OutboxColumnNotFound"
+	// ReasonBacklogStalled: the oldest undispatched row is older than
+	// backlog.stalledAfter.
+	ReasonBacklogStalled Reason = "BacklogStalled"
+	// ReasonBacklogUnknown: the backlog could not be measured, so whether it
+	// is stalled is unknown (status Unknown).
+	ReasonBacklogUnknown Reason = "BacklogUnknown"
+	// ReasonSuspended: spec.suspend is true; the relays are scaled to zero.
+	ReasonSuspended Reason = "Suspended"
+	// ReasonRelaysProgressing: fewer relays are available (or up to date)
+	// than desired, for example during a rollout or a scale-up.
+	ReasonRelaysProgressing Reason = "RelaysProgressing"
+)
+
+// Reasons of Events that are no condition's reason.
+const (
+	// ReasonScaled: the desired number of relays changed.
+	ReasonScaled Reason = "Scaled"
+)
+
+// IsFailure reports whether a reason says that something is wrong, which
+// makes its Event a Warning.
+func (r Reason) IsFailure() bool {
+	switch r {
+	case ReasonRelaysReady, ReasonSecretsResolved, ReasonBacklogMeasured, ReasonBacklogWithinLimit,
+		ReasonRelaysAvailable, ReasonBacklogCheckPending, ReasonBacklogUnknown, ReasonSuspended,
+		ReasonRelaysProgressing, ReasonScaled:
+		return false
+	}
+	return true
+}

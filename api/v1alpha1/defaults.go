@@ -1,0 +1,130 @@
+/*
+Copyright 2026 The outbox-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package v1alpha1
+
+import (
+	"cmp"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The defaults the API server applies (the +kubebuilder:default markers of
+// outboxrelay_types.go; a test checks that the generated CRD agrees). The
+// getters below apply them too, so that code handed an object that never
+// went through the API server (a unit test's fixture) sees the same values.
+const (
+	DefaultTable                       = "outbox_events"
+	DefaultIDColumn                    = "id"
+	DefaultEventTypeColumn             = "event_type"
+	DefaultPayloadColumn               = "payload"
+	DefaultCreatedAtColumn             = "created_at"
+	DefaultDispatchedAtColumn          = "dispatched_at"
+	DefaultStream                      = "jobs"
+	DefaultRelayBatchSize        int32 = 500
+	DefaultPollInterval                = 500 * time.Millisecond
+	DefaultLogLevel                    = "info"
+	DefaultMinReplicas           int32 = 1
+	DefaultMaxReplicas           int32 = 1
+	DefaultTargetBacklogPerRelay int64 = 1000
+	DefaultScaleDownWindow             = 5 * time.Minute
+	DefaultCleanupSchedule             = "17 * * * *"
+	DefaultRetention                   = 72 * time.Hour
+	DefaultCleanupBatchSize      int32 = 1000
+	DefaultBacklogCheckInterval        = 30 * time.Second
+	DefaultBacklogStalledAfter         = 5 * time.Minute
+)
+
+// durationOr returns d, or def when d is nil or zero.
+func durationOr(d *metav1.Duration, def time.Duration) time.Duration {
+	if d == nil || d.Duration == 0 {
+		return def
+	}
+	return d.Duration
+}
+
+// GetTable is postgres.table, defaulted.
+func (s *PostgresSpec) GetTable() string { return cmp.Or(s.Table, DefaultTable) }
+
+// GetStream is redis.stream, defaulted.
+func (s *RedisSpec) GetStream() string { return cmp.Or(s.Stream, DefaultStream) }
+
+// GetBatchSize is relay.batchSize, defaulted.
+func (s *RelaySpec) GetBatchSize() int32 { return cmp.Or(s.BatchSize, DefaultRelayBatchSize) }
+
+// GetPollInterval is relay.pollInterval, defaulted.
+func (s *RelaySpec) GetPollInterval() time.Duration {
+	return durationOr(s.PollInterval, DefaultPollInterval)
+}
+
+// GetLogLevel is relay.logLevel, defaulted.
+func (s *RelaySpec) GetLogLevel() string { return cmp.Or(s.LogLevel, DefaultLogLevel) }
+
+// GetMin is replicas.min, defaulted.
+func (s *ReplicasSpec) GetMin() int32 {
+	if s.Min == nil {
+		return DefaultMinReplicas
+	}
+	return *s.Min
+}
+
+// GetMax is replicas.max, defaulted, and never below GetMin.
+func (s *ReplicasSpec) GetMax() int32 { return max(cmp.Or(s.Max, DefaultMaxReplicas), s.GetMin()) }
+
+// GetTargetBacklogPerReplica is replicas.targetBacklogPerReplica, defaulted.
+func (s *ReplicasSpec) GetTargetBacklogPerReplica() int64 {
+	return cmp.Or(s.TargetBacklogPerReplica, DefaultTargetBacklogPerRelay)
+}
+
+// GetScaleDownStabilizationWindow is replicas.scaleDownStabilizationWindow,
+// defaulted. An explicit 0s is kept: it turns the window off.
+func (s *ReplicasSpec) GetScaleDownStabilizationWindow() time.Duration {
+	if s.ScaleDownStabilizationWindow == nil {
+		return DefaultScaleDownWindow
+	}
+	return s.ScaleDownStabilizationWindow.Duration
+}
+
+// GetSchedule is cleanup.schedule, defaulted.
+func (s *CleanupSpec) GetSchedule() string { return cmp.Or(s.Schedule, DefaultCleanupSchedule) }
+
+// GetRetention is cleanup.retention, defaulted.
+func (s *CleanupSpec) GetRetention() time.Duration { return durationOr(s.Retention, DefaultRetention) }
+
+// GetBatchSize is cleanup.batchSize, defaulted.
+func (s *CleanupSpec) GetBatchSize() int32 { return cmp.Or(s.BatchSize, DefaultCleanupBatchSize) }
+
+// GetCheckInterval is backlog.checkInterval, defaulted.
+func (s *BacklogSpec) GetCheckInterval() time.Duration {
+	return durationOr(s.CheckInterval, DefaultBacklogCheckInterval)
+}
+
+// GetStalledAfter is backlog.stalledAfter, defaulted.
+func (s *BacklogSpec) GetStalledAfter() time.Duration {
+	return durationOr(s.StalledAfter, DefaultBacklogStalledAfter)
+}
+
+// GetColumns returns the column names, defaulted.
+func (c *OutboxColumns) GetColumns() OutboxColumns {
+	return OutboxColumns{
+		ID:           cmp.Or(c.ID, DefaultIDColumn),
+		EventType:    cmp.Or(c.EventType, DefaultEventTypeColumn),
+		Payload:      cmp.Or(c.Payload, DefaultPayloadColumn),
+		CreatedAt:    cmp.Or(c.CreatedAt, DefaultCreatedAtColumn),
+		DispatchedAt: cmp.Or(c.DispatchedAt, DefaultDispatchedAtColumn),
+	}
+}

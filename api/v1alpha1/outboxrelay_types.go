@@ -1,0 +1,421 @@
+/*
+Copyright 2026 The outbox-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// SecretKeyReference names one key of a Secret in the OutboxRelay's own
+// namespace. Secrets of other namespaces are never read.
+type SecretKeyReference struct {
+	// name of the Secret, in the namespace of the OutboxRelay.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="must be the name of a Secret: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
+	Name string `json:"name"`
+
+	// key of the Secret's data that holds the value.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[-._a-zA-Z0-9]+$')",message="must be a Secret key: letters, digits, '-', '_' and '.'"
+	Key string `json:"key"`
+}
+
+// PostgresSpec says where the outbox table is and how it is laid out.
+type PostgresSpec struct {
+	// dsnSecretRef names the Secret key that holds the PostgreSQL connection
+	// string (a postgres:// URL or a key=value DSN). The DSN reaches the relay
+	// pods only as the environment variable DATABASE_URL, through a
+	// secretKeyRef; the operator reads it to measure the backlog.
+	// +required
+	DSNSecretRef SecretKeyReference `json:"dsnSecretRef"`
+
+	// table is the outbox table, optionally schema-qualified (schema.table).
+	// Names are used exactly as written (quoted), so they are case-sensitive.
+	// +optional
+	// +kubebuilder:default="outbox_events"
+	// +kubebuilder:validation:MaxLength=127
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([A-Za-z_][A-Za-z0-9_]{0,62}[.])?[A-Za-z_][A-Za-z0-9_]{0,62}$')",message="must be table or schema.table, each name at most 63 characters of letters, digits and underscores, not starting with a digit"
+	Table string `json:"table,omitempty"`
+
+	// columns overrides the names of the outbox table's columns; each one
+	// left out keeps its default name.
+	// +optional
+	// +kubebuilder:default={}
+	Columns OutboxColumns `json:"columns,omitempty"`
+}
+
+// OutboxColumns names the columns of the outbox table.
+//
+// +kubebuilder:validation:XValidation:rule="[has(self.id) ? self.id : 'id', has(self.eventType) ? self.eventType : 'event_type', has(self.payload) ? self.payload : 'payload', has(self.createdAt) ? self.createdAt : 'created_at', has(self.dispatchedAt) ? self.dispatchedAt : 'dispatched_at'].all(c, [has(self.id) ? self.id : 'id', has(self.eventType) ? self.eventType : 'event_type', has(self.payload) ? self.payload : 'payload', has(self.createdAt) ? self.createdAt : 'created_at', has(self.dispatchedAt) ? self.dispatchedAt : 'dispatched_at'].filter(d, d == c).size() == 1)",message="columns must name five different columns"
+type OutboxColumns struct {
+	// id is the event's identity; any type that casts to text.
+	// +optional
+	// +kubebuilder:default="id"
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z_][A-Za-z0-9_]*$')",message="must be a column name: letters, digits and underscores, not starting with a digit"
+	ID string `json:"id,omitempty"`
+
+	// eventType is a text or varchar column with the event's type.
+	// +optional
+	// +kubebuilder:default="event_type"
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z_][A-Za-z0-9_]*$')",message="must be a column name: letters, digits and underscores, not starting with a digit"
+	EventType string `json:"eventType,omitempty"`
+
+	// payload is a text or jsonb column, published verbatim.
+	// +optional
+	// +kubebuilder:default="payload"
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z_][A-Za-z0-9_]*$')",message="must be a column name: letters, digits and underscores, not starting with a digit"
+	Payload string `json:"payload,omitempty"`
+
+	// createdAt is a timestamp or timestamptz column that orders the outbox.
+	// +optional
+	// +kubebuilder:default="created_at"
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z_][A-Za-z0-9_]*$')",message="must be a column name: letters, digits and underscores, not starting with a digit"
+	CreatedAt string `json:"createdAt,omitempty"`
+
+	// dispatchedAt is a nullable timestamp or timestamptz column: NULL while
+	// the event waits to be published.
+	// +optional
+	// +kubebuilder:default="dispatched_at"
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z_][A-Za-z0-9_]*$')",message="must be a column name: letters, digits and underscores, not starting with a digit"
+	DispatchedAt string `json:"dispatchedAt,omitempty"`
+}
+
+// RedisSpec says where the events go.
+type RedisSpec struct {
+	// urlSecretRef names the Secret key that holds the Redis URL (redis:// or
+	// rediss://). It reaches the relay pods only as the environment variable
+	// REDIS_URL, through a secretKeyRef.
+	// +required
+	URLSecretRef SecretKeyReference `json:"urlSecretRef"`
+
+	// stream is the Redis stream the relays add the events to.
+	// +optional
+	// +kubebuilder:default="jobs"
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z0-9_.:{}/-]+$')",message="must be a stream name of letters, digits and _ . : { } / -"
+	Stream string `json:"stream,omitempty"`
+
+	// deadLetterStream is where the relays put the rows Redis rejects. Empty
+	// means <stream>.dead.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z0-9_.:{}/-]+$')",message="must be a stream name of letters, digits and _ . : { } / -"
+	DeadLetterStream string `json:"deadLetterStream,omitempty"`
+}
+
+// RelaySpec shapes the relay pods.
+type RelaySpec struct {
+	// image of the relay container. Empty means the operator's own image (or
+	// its --relay-image flag); the image must hold the relay at /relay.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Image string `json:"image,omitempty"`
+
+	// imagePullPolicy of the relay and cleanup containers. Empty means the
+	// Kubernetes default (Always for :latest, else IfNotPresent).
+	// +optional
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// imagePullSecrets are Secrets in the OutboxRelay's namespace used to pull
+	// the image.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
+
+	// batchSize is the number of rows a relay claims per transaction.
+	// +optional
+	// +kubebuilder:default=500
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	BatchSize int32 `json:"batchSize,omitempty"`
+
+	// pollInterval is how long a relay sleeps after an empty or partial batch,
+	// between 10ms and 1m.
+	// +optional
+	// +kubebuilder:default="500ms"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10ms') && duration(self) <= duration('1m')",message="relay.pollInterval must be between 10ms and 1m"
+	PollInterval *metav1.Duration `json:"pollInterval,omitempty"`
+
+	// logLevel of the relay and cleanup programs.
+	// +optional
+	// +kubebuilder:default="info"
+	// +kubebuilder:validation:Enum=debug;info;warn;error
+	LogLevel string `json:"logLevel,omitempty"`
+
+	// resources of the relay and cleanup containers.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// nodeSelector of the relay and cleanup pods.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// tolerations of the relay and cleanup pods.
+	// +optional
+	// +listType=atomic
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// affinity of the relay and cleanup pods.
+	// +optional
+	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+}
+
+// ReplicasSpec sets how many relays run: the backlog divided by
+// targetBacklogPerReplica, rounded up, between min and max.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.min) || !has(self.max) || self.min <= self.max",message="replicas.min must not be greater than replicas.max",fieldPath=".min"
+type ReplicasSpec struct {
+	// min is the fewest relays that run (0 lets an empty outbox scale the
+	// relays to zero until the next backlog check finds rows).
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	Min *int32 `json:"min,omitempty"`
+
+	// max is the most relays that run.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	Max int32 `json:"max,omitempty"`
+
+	// targetBacklogPerReplica is the backlog one relay is expected to keep up
+	// with.
+	// +optional
+	// +kubebuilder:default=1000
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000
+	TargetBacklogPerReplica int64 `json:"targetBacklogPerReplica,omitempty"`
+
+	// scaleDownStabilizationWindow is how long the backlog must keep asking
+	// for fewer relays before they are scaled down (scaling up is immediate),
+	// between 0s and 1h.
+	// +optional
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('1h')",message="replicas.scaleDownStabilizationWindow must be between 0s and 1h"
+	ScaleDownStabilizationWindow *metav1.Duration `json:"scaleDownStabilizationWindow,omitempty"`
+}
+
+// CleanupSpec shapes the CronJob that deletes dispatched rows.
+type CleanupSpec struct {
+	// schedule of the cleanup, a cron expression of five fields (minute hour
+	// day-of-month month day-of-week) in the controller manager's time zone.
+	// +optional
+	// +kubebuilder:default="17 * * * *"
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9A-Za-z*?/,-]+( +[0-9A-Za-z*?/,-]+){4}$')",message="cleanup.schedule must be a cron expression of five fields (minute hour day-of-month month day-of-week), e.g. \"17 * * * *\""
+	Schedule string `json:"schedule,omitempty"`
+
+	// retention is how long dispatched rows are kept, between 1m and 8760h
+	// (a year).
+	// +optional
+	// +kubebuilder:default="72h"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m') && duration(self) <= duration('8760h')",message="cleanup.retention must be between 1m and 8760h"
+	Retention *metav1.Duration `json:"retention,omitempty"`
+
+	// batchSize is the number of rows one DELETE statement removes.
+	// +optional
+	// +kubebuilder:default=1000
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000
+	BatchSize int32 `json:"batchSize,omitempty"`
+
+	// suspend stops scheduling cleanups; a running one finishes.
+	// +optional
+	Suspend bool `json:"suspend,omitempty"`
+}
+
+// BacklogSpec says how the operator measures the backlog: the count of
+// undispatched rows and the age of the oldest.
+type BacklogSpec struct {
+	// checkInterval is the time between two measurements, between 1s and 1h.
+	// +optional
+	// +kubebuilder:default="30s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="backlog.checkInterval must be between 1s and 1h"
+	CheckInterval *metav1.Duration `json:"checkInterval,omitempty"`
+
+	// stalledAfter is the age of the oldest undispatched row past which the
+	// backlog counts as stalled (condition BacklogHealthy False, reason
+	// BacklogStalled), between 10s and 168h.
+	// +optional
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s') && duration(self) <= duration('168h')",message="backlog.stalledAfter must be between 10s and 168h"
+	StalledAfter *metav1.Duration `json:"stalledAfter,omitempty"`
+}
+
+// OutboxRelaySpec is the desired state of an OutboxRelay.
+type OutboxRelaySpec struct {
+	// postgres says where the outbox table is.
+	// +required
+	Postgres PostgresSpec `json:"postgres"`
+
+	// redis says where the events go.
+	// +required
+	Redis RedisSpec `json:"redis"`
+
+	// relay shapes the relay pods.
+	// +optional
+	// +kubebuilder:default={}
+	Relay RelaySpec `json:"relay,omitempty"`
+
+	// replicas sets how many relays run, from the backlog.
+	// +optional
+	// +kubebuilder:default={}
+	Replicas ReplicasSpec `json:"replicas,omitempty"`
+
+	// cleanup shapes the CronJob that deletes dispatched rows.
+	// +optional
+	// +kubebuilder:default={}
+	Cleanup CleanupSpec `json:"cleanup,omitempty"`
+
+	// backlog says how the backlog is measured.
+	// +optional
+	// +kubebuilder:default={}
+	Backlog BacklogSpec `json:"backlog,omitempty"`
+
+	// suspend scales the relays to zero and keeps everything else: the
+	// Deployment, the cleanup CronJob and the backlog measurements.
+	// +optional
+	Suspend bool `json:"suspend,omitempty"`
+}
+
+// OutboxRelayStatus is the observed state of an OutboxRelay.
+type OutboxRelayStatus struct {
+	// observedGeneration is the metadata.generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// backlog is the count of undispatched rows at lastBacklogCheckTime.
+	// +optional
+	Backlog *int64 `json:"backlog,omitempty"`
+
+	// oldestPendingTime is the created_at of the oldest undispatched row at
+	// lastBacklogCheckTime; absent when none was pending.
+	// +optional
+	OldestPendingTime *metav1.Time `json:"oldestPendingTime,omitempty"`
+
+	// lastBacklogCheckTime is when the backlog was last measured successfully.
+	// +optional
+	LastBacklogCheckTime *metav1.Time `json:"lastBacklogCheckTime,omitempty"`
+
+	// desiredReplicas is the number of relays the operator asks the
+	// Deployment for: from the backlog, between replicas.min and
+	// replicas.max, after the scale-down stabilisation window; zero when
+	// suspended.
+	// +optional
+	DesiredReplicas *int32 `json:"desiredReplicas,omitempty"`
+
+	// replicas is the number of relay pods that exist.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+
+	// readyReplicas is the number of relay pods that are ready.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+
+	// replicaSummary is readyReplicas/desiredReplicas, for display.
+	// +optional
+	ReplicaSummary string `json:"replicaSummary,omitempty"`
+
+	// scaleDownPendingSince is when the backlog started asking for fewer
+	// relays than desiredReplicas; the relays are scaled down once that has
+	// lasted replicas.scaleDownStabilizationWindow. Absent when no scale-down
+	// is pending.
+	// +optional
+	ScaleDownPendingSince *metav1.Time `json:"scaleDownPendingSince,omitempty"`
+
+	// lastCleanupTime is when the cleanup job last completed successfully.
+	// +optional
+	LastCleanupTime *metav1.Time `json:"lastCleanupTime,omitempty"`
+
+	// conditions: Ready sums up the others (SecretsResolved,
+	// DatabaseReachable, BacklogHealthy, RelaysAvailable); its reason is the
+	// first thing that is wrong.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// OutboxRelay runs transactional-outbox relays that move the rows of a
+// PostgreSQL outbox table to a Redis stream, scaled by the backlog, with a
+// CronJob that deletes dispatched rows.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=obr,categories=outbox
+// +kubebuilder:printcolumn:name="Stream",type=string,JSONPath=`.spec.redis.stream`
+// +kubebuilder:printcolumn:name="Backlog",type=integer,JSONPath=`.status.backlog`
+// +kubebuilder:printcolumn:name="Oldest",type=date,JSONPath=`.status.oldestPendingTime`,description="Age of the oldest undispatched row"
+// +kubebuilder:printcolumn:name="Replicas",type=string,JSONPath=`.status.replicaSummary`,description="Ready/desired relays"
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 44",message="metadata.name must be at most 44 characters, so that the CronJob <name>-cleanup fits the 52 characters Kubernetes allows"
+type OutboxRelay struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// metadata is the standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired state.
+	// +required
+	Spec OutboxRelaySpec `json:"spec"`
+
+	// status is the observed state, written by the operator.
+	// +optional
+	Status OutboxRelayStatus `json:"status,omitempty"`
+}
+
+// OutboxRelayList is a list of OutboxRelays.
+//
+// +kubebuilder:object:root=true
+type OutboxRelayList struct {
+	metav1.TypeMeta `json:",inline"`
+	// metadata is the standard list metadata.
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the OutboxRelays.
+	Items []OutboxRelay `json:"items"`
+}

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"cmp"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
+	"github.com/outbox-dev/outbox-operator/internal/backlog"
+	"github.com/outbox-dev/outbox-operator/internal/controller"
+)
+
+// leaderElectionID names the Lease the replicas of the manager compete for.
+const leaderElectionID = "outbox-operator.relay.outbox.dev"
+
+// defaultImageRepository is where the operator's image is published; the
+// default relay image is this repository at the manager's version.
+const defaultImageRepository = "ghcr.io/outbox-dev/outbox-operator"
+
+// options are the manager's settings, from flags and environment.
+type options struct {
+	kubeconfig              string
+	metricsAddr             string
+	probeAddr               string
+	leaderElect             bool
+	leaderElectionNamespace string
+	relayImage              string
+	watchNamespaces         []string
+	maxConcurrentReconciles int
+	backlogTimeout          time.Duration
+	pools                   backlog.PoolMeasurerConfig
+	logLevel                string
+	logFormat               string
+}
+
+// parseFlags reads the flags; getenv supplies the image defaults.
+func parseFlags(args []string, getenv func(string) string) (options, error) {
+	var o options
+	var namespaces string
+	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
+		"Path to a kubeconfig; empty means $KUBECONFIG, else the in-cluster config, else ~/.kube/config.")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080",
+		"Address of the Prometheus /metrics endpoint; 0 disables it.")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081",
+		"Address of the /healthz and /readyz endpoints.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false,
+		"Elect a leader among the manager's replicas (a Lease), so only one reconciles.")
+	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "",
+		"Namespace of the leader-election Lease; empty means the manager's own namespace (required outside a cluster).")
+	fs.StringVar(&o.relayImage, "relay-image", defaultRelayImage(getenv),
+		"Image of the relay and cleanup pods when an OutboxRelay names none; defaults to $RELAY_IMAGE, else the "+
+			"operator's own image ($OPERATOR_IMAGE), else "+defaultImageRepository+":<version>.")
+	fs.StringVar(&namespaces, "watch-namespaces", "",
+		"Comma-separated namespaces to reconcile OutboxRelays in; empty means all.")
+	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", 8,
+		"Number of OutboxRelays reconciled at the same time.")
+	fs.DurationVar(&o.backlogTimeout, "backlog-check-timeout", 10*time.Second,
+		"Deadline of one backlog check, connecting included.")
+	var maxConns int
+	fs.IntVar(&maxConns, "backlog-max-conns", 2,
+		"Most connections of one backlog pool (one pool per namespace and DSN).")
+	fs.DurationVar(&o.pools.StatementTimeout, "backlog-statement-timeout", 5*time.Second,
+		"PostgreSQL statement_timeout of the backlog query.")
+	fs.StringVar(&o.logLevel, "log-level", "info", "Log level: debug, info, warn or error.")
+	fs.StringVar(&o.logFormat, "log-format", "json", "Log format: json or text.")
+	if err := fs.Parse(args); err != nil {
+		return options{}, err
+	}
+	if fs.NArg() > 0 {
+		return options{}, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if o.maxConcurrentReconciles < 1 {
+		return options{}, errors.New("--max-concurrent-reconciles must be at least 1")
+	}
+	if o.backlogTimeout <= 0 {
+		return options{}, errors.New("--backlog-check-timeout must be positive")
+	}
+	if maxConns < 1 {
+		return options{}, errors.New("--backlog-max-conns must be at least 1")
+	}
+	o.pools.MaxConns = int32(min(maxConns, 1000))
+	if o.relayImage == "" {
+		return options{}, errors.New("--relay-image must not be empty")
+	}
+	for _, ns := range strings.Split(namespaces, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			o.watchNamespaces = append(o.watchNamespaces, ns)
+		}
+	}
+	return o, nil
+}
+
+// defaultRelayImage is $RELAY_IMAGE, else the operator's own image
+// ($OPERATOR_IMAGE, set by the Deployment from its own image), else the
+// published image of this version.
+func defaultRelayImage(getenv func(string) string) string {
+	return cmp.Or(getenv("RELAY_IMAGE"), getenv("OPERATOR_IMAGE"), defaultImageRepository+":"+version)
+}
+
+// restConfig loads the kubeconfig of --kubeconfig, or finds one as
+// ctrl.GetConfig does. Client-side throttling is off, as with
+// ctrl.GetConfig: the API server's priority and fairness protects it.
+func restConfig(o options) (*rest.Config, error) {
+	if o.kubeconfig == "" {
+		return ctrl.GetConfig()
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.QPS == 0 {
+		cfg.QPS = -1
+	}
+	return cfg, nil
+}
+
+// newScheme knows the built-in kinds and the OutboxRelay.
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(v1alpha1.AddToScheme(s))
+	return s
+}
+
+// managerOptions builds the manager's options; the cache and client
+// settings are the controller's (controller.CacheOptions).
+func managerOptions(o options) ctrl.Options {
+	return ctrl.Options{
+		Scheme:                        newScheme(),
+		Cache:                         controller.CacheOptions(o.watchNamespaces),
+		Client:                        controller.ClientOptions(),
+		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:        o.probeAddr,
+		LeaderElection:                o.leaderElect,
+		LeaderElectionID:              leaderElectionID,
+		LeaderElectionNamespace:       o.leaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+	}
+}

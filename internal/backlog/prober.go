@@ -1,0 +1,223 @@
+package backlog
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+)
+
+// Result is the outcome of one finished check.
+type Result struct {
+	// Backlog is the measurement; zero when Failure is set.
+	Backlog outbox.Backlog
+	// Failure is nil when the check succeeded.
+	Failure *Failure
+	// CheckedAt is when the check finished.
+	CheckedAt time.Time
+	// Duration is how long the check took.
+	Duration time.Duration
+}
+
+// Observation is what a Prober knows about one relay's backlog.
+type Observation struct {
+	// Last is the latest finished check of the relay's current target; nil
+	// while none has finished.
+	Last *Result
+	// InFlight reports that a check is running; the Prober calls back when
+	// it finishes.
+	InFlight bool
+	// NextCheckIn is how long until the next check is due, when none is in
+	// flight: observe again then.
+	NextCheckIn time.Duration
+}
+
+// Config configures a Prober. Zero fields take the documented defaults.
+type Config struct {
+	// Measurer takes the measurements (required).
+	Measurer Measurer
+	// Timeout bounds one check, connecting included (default 10s).
+	Timeout time.Duration
+	// MaxBackoff caps the delay between checks after consecutive failures
+	// (default 5m; never below the check interval).
+	MaxBackoff time.Duration
+	// Notify is called, from the check's goroutine, when a check finishes;
+	// ctx is done when the Prober stops, so Notify must not block past it.
+	Notify func(ctx context.Context, key types.NamespacedName)
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Prober schedules the backlog checks of every relay: at most one at a time
+// per relay, each in its own goroutine under Config.Timeout, so a database
+// that hangs holds up only its own relays' checks.
+type Prober struct {
+	cfg    Config
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	entries map[types.NamespacedName]*entry
+}
+
+// entry is one relay's state. gen changes whenever the entry is reset, so a
+// check started for an older target does not overwrite a newer one.
+type entry struct {
+	gen         uint64
+	fingerprint string
+	last        *Result
+	failures    int
+	inFlight    bool
+}
+
+// NewProber returns a Prober. Stop it with Stop (or run it with Start).
+func NewProber(cfg Config) *Prober {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = 5 * time.Minute
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Notify == nil {
+		cfg.Notify = func(context.Context, types.NamespacedName) {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Prober{cfg: cfg, ctx: ctx, cancel: cancel, entries: map[types.NamespacedName]*entry{}}
+}
+
+// Start blocks until ctx is done, then stops the Prober: it lets a
+// controller-runtime manager own the Prober's lifetime.
+func (p *Prober) Start(ctx context.Context) error {
+	<-ctx.Done()
+	p.Stop()
+	return nil
+}
+
+// NeedLeaderElection reports false: the Prober only measures when the
+// controller (which runs under leader election) asks it to.
+func (p *Prober) NeedLeaderElection() bool { return false }
+
+// Stop cancels the running checks, waits for them and closes the measurer.
+func (p *Prober) Stop() {
+	p.cancel()
+	p.wg.Wait()
+	p.cfg.Measurer.Close()
+}
+
+// Observe returns what is known of the relay's backlog for target and starts
+// a check when one is due: none has finished for this target yet, or
+// interval has passed since the last one (longer after failures: the delay
+// doubles with each consecutive failure, up to MaxBackoff). A new target (a
+// new DSN or layout) discards the previous results.
+func (p *Prober) Observe(key types.NamespacedName, target Target, interval time.Duration) Observation {
+	fp := target.fingerprint()
+	now := p.cfg.Now()
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.entries[key]
+	if !ok {
+		e = &entry{}
+		p.entries[key] = e
+	}
+	if e.fingerprint != fp {
+		*e = entry{gen: e.gen + 1, fingerprint: fp}
+	}
+
+	obs := Observation{InFlight: e.inFlight}
+	if e.last != nil {
+		last := *e.last
+		obs.Last = &last
+	}
+	if e.inFlight {
+		return obs
+	}
+	if e.last != nil {
+		wait := e.last.CheckedAt.Add(p.delay(interval, e.failures)).Sub(now)
+		if wait > 0 {
+			obs.NextCheckIn = wait
+			return obs
+		}
+	}
+	if p.ctx.Err() != nil {
+		return obs // stopped: no new checks
+	}
+	e.inFlight = true
+	obs.InFlight = true
+	p.wg.Add(1)
+	go p.check(key, target, e.gen)
+	return obs
+}
+
+// delay is the time between checks after failures consecutive failures.
+func (p *Prober) delay(interval time.Duration, failures int) time.Duration {
+	d := interval
+	limit := max(p.cfg.MaxBackoff, interval)
+	for i := 1; i < failures && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+// check runs one measurement and records it, unless the entry was reset or
+// forgotten meanwhile.
+func (p *Prober) check(key types.NamespacedName, target Target, gen uint64) {
+	defer p.wg.Done()
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Timeout)
+	defer cancel()
+
+	start := p.cfg.Now()
+	b, err := p.cfg.Measurer.Measure(ctx, key, target)
+	end := p.cfg.Now()
+	res := &Result{Backlog: b, CheckedAt: end, Duration: end.Sub(start)}
+	if err != nil {
+		res.Backlog = outbox.Backlog{}
+		res.Failure = classify(err, p.cfg.Timeout.String(), target.DSN, passwordOf(target.DSN))
+	}
+
+	p.mu.Lock()
+	e, ok := p.entries[key]
+	current := ok && e.gen == gen
+	if current {
+		e.inFlight = false
+		e.last = res
+		if res.Failure != nil {
+			e.failures++
+		} else {
+			e.failures = 0
+		}
+	}
+	p.mu.Unlock()
+	if !ok {
+		// Forgotten while the check ran: the measurement may have taken a
+		// share of a pool again after Forget released it.
+		p.cfg.Measurer.Release(key)
+	}
+	if current && p.ctx.Err() == nil {
+		p.cfg.Notify(p.ctx, key)
+	}
+}
+
+// Forget drops everything known about the relay and releases its
+// connections; call it when the relay is deleted. A check in flight finishes
+// in the background and is discarded.
+func (p *Prober) Forget(key types.NamespacedName) {
+	p.mu.Lock()
+	delete(p.entries, key)
+	p.mu.Unlock()
+	p.cfg.Measurer.Release(key)
+}
+
+// Len returns the number of relays the Prober knows.
+func (p *Prober) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.entries)
+}

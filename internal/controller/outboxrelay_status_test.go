@@ -1,0 +1,234 @@
+package controller
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
+	"github.com/outbox-dev/outbox-operator/internal/backlog"
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/scaling"
+)
+
+var statusNow = time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)
+
+// stateOption changes a fixture relayState.
+type stateOption func(*relayState)
+
+// newState is a healthy reconcile: secrets resolved, backlog measured (10
+// rows, the oldest a minute old), 2 replicas decided, written and available.
+func newState(opts ...stateOption) *relayState {
+	relay := newRelay("ns", "orders")
+	relay.Generation = 4
+	oldest := statusNow.Add(-time.Minute)
+	st := &relayState{
+		relay:   relay,
+		now:     statusNow,
+		table:   outbox.MustNew("", outbox.Columns{}),
+		secrets: &resolvedSecrets{dsn: "postgres://x", redisURL: "redis://x", hash: "h"},
+		backlog: &backlog.Observation{Last: &backlog.Result{
+			Backlog:   outbox.Backlog{Count: 10, Oldest: &oldest},
+			CheckedAt: statusNow.Add(-time.Second),
+		}},
+		decision:          scaling.Decision{Replicas: 2},
+		deploymentWritten: true,
+		resources:         &relayResources{deployment: availableDeployment(2)},
+	}
+	for _, o := range opts {
+		o(st)
+	}
+	return st
+}
+
+func availableDeployment(n int32) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "orders-relay", Generation: 3},
+		Status: appsv1.DeploymentStatus{
+			ObservedGeneration: 3, Replicas: n, ReadyReplicas: n, UpdatedReplicas: n, AvailableReplicas: n,
+		},
+	}
+}
+
+func failed(cause backlog.Cause, msg string) stateOption {
+	return func(st *relayState) {
+		st.backlog = &backlog.Observation{Last: &backlog.Result{Failure: &backlog.Failure{Cause: cause, Message: msg}, CheckedAt: statusNow}}
+	}
+}
+
+func TestComputeStatusReadyChain(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		opts   []stateOption
+		status metav1.ConditionStatus
+		reason v1alpha1.Reason
+		// conds are other conditions expected, type -> reason
+		conds map[v1alpha1.ConditionType]v1alpha1.Reason
+	}{
+		{"Healthy", nil, metav1.ConditionTrue, v1alpha1.ReasonRelaysReady, map[v1alpha1.ConditionType]v1alpha1.Reason{
+			v1alpha1.ConditionSecretsResolved:   v1alpha1.ReasonSecretsResolved,
+			v1alpha1.ConditionDatabaseReachable: v1alpha1.ReasonBacklogMeasured,
+			v1alpha1.ConditionBacklogHealthy:    v1alpha1.ReasonBacklogWithinLimit,
+			v1alpha1.ConditionRelaysAvailable:   v1alpha1.ReasonRelaysAvailable,
+		}},
+		{"SecretNotFound", []stateOption{func(st *relayState) {
+			st.secrets, st.backlog, st.deploymentWritten = nil, nil, false
+			st.secretsFailure = &failure{v1alpha1.ReasonSecretNotFound, "Secret x not found"}
+		}}, metav1.ConditionFalse, v1alpha1.ReasonSecretNotFound, map[v1alpha1.ConditionType]v1alpha1.Reason{
+			v1alpha1.ConditionSecretsResolved:   v1alpha1.ReasonSecretNotFound,
+			v1alpha1.ConditionDatabaseReachable: v1alpha1.ReasonBacklogCheckPending,
+		}},
+		{"SecretKeyMissingWinsOverSuspend", []stateOption{withStateSuspend, func(st *relayState) {
+			st.secrets, st.backlog = nil, nil
+			st.secretsFailure = &failure{v1alpha1.ReasonSecretKeyMissing, "no key"}
+		}}, metav1.ConditionFalse, v1alpha1.ReasonSecretKeyMissing, nil},
+		{"InvalidSpec", []stateOption{func(st *relayState) {
+			st.specFailure = &failure{v1alpha1.ReasonInvalidSpec, "bad"}
+			st.backlog = nil
+		}}, metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec, nil},
+		{"DeploymentFailed", []stateOption{func(st *relayState) {
+			st.childFailure = &failure{v1alpha1.ReasonDeploymentFailed, "forbidden"}
+		}}, metav1.ConditionFalse, v1alpha1.ReasonDeploymentFailed, nil},
+		{"DatabaseUnreachable", []stateOption{failed(backlog.CauseUnreachable, "connection refused")},
+			metav1.ConditionFalse, v1alpha1.ReasonDatabaseUnreachable, map[v1alpha1.ConditionType]v1alpha1.Reason{
+				v1alpha1.ConditionBacklogHealthy: v1alpha1.ReasonBacklogUnknown,
+			}},
+		{"OutboxTableNotFound", []stateOption{failed(backlog.CauseTableNotFound, "relation does not exist")},
+			metav1.ConditionFalse, v1alpha1.ReasonOutboxTableNotFound, nil},
+		{"OutboxColumnNotFound", []stateOption{failed(backlog.CauseColumnNotFound, "column does not exist")},
+			metav1.ConditionFalse, v1alpha1.ReasonOutboxColumnNotFound, nil},
+		{"DSNInvalid", []stateOption{failed(backlog.CauseInvalidDSN, "not a DSN")},
+			metav1.ConditionFalse, v1alpha1.ReasonDSNInvalid, nil},
+		{"FirstCheckRunning", []stateOption{func(st *relayState) { st.backlog = &backlog.Observation{InFlight: true} }},
+			metav1.ConditionUnknown, v1alpha1.ReasonBacklogCheckPending, nil},
+		{"Suspended", []stateOption{withStateSuspend}, metav1.ConditionFalse, v1alpha1.ReasonSuspended,
+			map[v1alpha1.ConditionType]v1alpha1.Reason{v1alpha1.ConditionRelaysAvailable: v1alpha1.ReasonSuspended}},
+		{"SuspendedWinsOverStalled", []stateOption{withStateSuspend, oldestAgo(time.Hour)}, metav1.ConditionFalse, v1alpha1.ReasonSuspended,
+			map[v1alpha1.ConditionType]v1alpha1.Reason{v1alpha1.ConditionBacklogHealthy: v1alpha1.ReasonBacklogStalled}},
+		{"BacklogStalled", []stateOption{oldestAgo(6 * time.Minute)}, metav1.ConditionFalse, v1alpha1.ReasonBacklogStalled, nil},
+		{"BacklogAtTheLimitIsNotStalled", []stateOption{oldestAgo(5 * time.Minute)}, metav1.ConditionTrue, v1alpha1.ReasonRelaysReady, nil},
+		{"NoDeploymentYet", []stateOption{func(st *relayState) { st.resources.deployment = nil }},
+			metav1.ConditionFalse, v1alpha1.ReasonRelaysProgressing, nil},
+		{"RolloutNotObserved", []stateOption{func(st *relayState) { st.resources.deployment.Generation = 4 }},
+			metav1.ConditionFalse, v1alpha1.ReasonRelaysProgressing, nil},
+		{"ScalingUp", []stateOption{func(st *relayState) { st.decision.Replicas = 3 }},
+			metav1.ConditionFalse, v1alpha1.ReasonRelaysProgressing, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := computeStatus(newState(tc.opts...))
+			ready := meta.FindStatusCondition(s.Conditions, string(v1alpha1.ConditionReady))
+			require.NotNil(t, ready)
+			require.Equal(t, tc.status, ready.Status, ready.Message)
+			require.Equal(t, string(tc.reason), ready.Reason, ready.Message)
+			require.Equal(t, int64(4), ready.ObservedGeneration)
+			require.NotEmpty(t, ready.Message)
+			for typ, reason := range tc.conds {
+				c := meta.FindStatusCondition(s.Conditions, string(typ))
+				require.NotNil(t, c, typ)
+				require.Equal(t, string(reason), c.Reason, "%s: %s", typ, c.Message)
+			}
+			require.Len(t, s.Conditions, 5)
+		})
+	}
+}
+
+func withStateSuspend(st *relayState) {
+	st.relay.Spec.Suspend = true
+	st.decision.Replicas = 0
+	st.resources.deployment = availableDeployment(0)
+}
+
+func oldestAgo(d time.Duration) stateOption {
+	return func(st *relayState) {
+		oldest := statusNow.Add(-d)
+		st.backlog.Last.Backlog.Oldest = &oldest
+	}
+}
+
+func TestComputeStatusFields(t *testing.T) {
+	t.Parallel()
+	st := newState(func(st *relayState) {
+		since := statusNow.Add(-time.Minute)
+		st.decision = scaling.Decision{Replicas: 2, ScaleDownPendingSince: &since}
+		st.resources.deployment.Status.ReadyReplicas = 1
+		st.resources.cronJob = nil
+	})
+	s := computeStatus(st)
+	require.Equal(t, int64(4), s.ObservedGeneration)
+	require.Equal(t, ptr.To[int64](10), s.Backlog)
+	require.Equal(t, statusNow.Add(-time.Minute), s.OldestPendingTime.Time)
+	require.Equal(t, statusNow.Add(-time.Second), s.LastBacklogCheckTime.Time)
+	require.Equal(t, ptr.To[int32](2), s.DesiredReplicas)
+	require.Equal(t, int32(2), s.Replicas)
+	require.Equal(t, int32(1), s.ReadyReplicas)
+	require.Equal(t, "1/2", s.ReplicaSummary)
+	require.Equal(t, statusNow.Add(-time.Minute), s.ScaleDownPendingSince.Time)
+}
+
+func TestComputeStatusKeepsLastMeasurementOnFailure(t *testing.T) {
+	t.Parallel()
+	st := newState(failed(backlog.CauseUnreachable, "refused"), func(st *relayState) {
+		st.relay.Status.Backlog = ptr.To[int64](99)
+		st.relay.Status.LastBacklogCheckTime = metaTime(statusNow.Add(-time.Hour))
+		st.relay.Status.DesiredReplicas = ptr.To[int32](5)
+		st.deploymentWritten = false
+	})
+	s := computeStatus(st)
+	require.Equal(t, ptr.To[int64](99), s.Backlog, "a failed check keeps the last measurement")
+	require.Equal(t, statusNow.Add(-time.Hour), s.LastBacklogCheckTime.Time)
+	require.Equal(t, ptr.To[int32](5), s.DesiredReplicas, "children not written: the desired count stays")
+}
+
+func TestComputeStatusIsStable(t *testing.T) {
+	t.Parallel()
+	// A status computed, stored and recomputed a second later without any
+	// change is equal, so no write happens.
+	st := newState(oldestAgo(time.Hour))
+	first := computeStatus(st)
+	st2 := newState(oldestAgo(time.Hour))
+	st2.relay.Status = first
+	st2.now = statusNow.Add(time.Second)
+	oldest := statusNow.Add(-time.Hour)
+	st2.backlog.Last.Backlog.Oldest = &oldest
+	require.Equal(t, first, computeStatus(st2))
+}
+
+func TestDatabaseConditionKeepsOldWhileFirstCheckRuns(t *testing.T) {
+	t.Parallel()
+	st := newState(func(st *relayState) {
+		st.backlog = &backlog.Observation{InFlight: true}
+		st.relay.Status.Conditions = []metav1.Condition{{
+			Type: string(v1alpha1.ConditionDatabaseReachable), Status: metav1.ConditionTrue,
+			Reason: string(v1alpha1.ReasonBacklogMeasured), Message: "measured",
+		}}
+	})
+	c := databaseCondition(st)
+	require.Equal(t, metav1.ConditionTrue, c.status)
+	require.Equal(t, v1alpha1.ReasonBacklogMeasured, c.reason)
+}
+
+func TestRequeueAfter(t *testing.T) {
+	t.Parallel()
+	st := newState(func(st *relayState) {
+		st.backlog.NextCheckIn = 30 * time.Second
+	})
+	require.Equal(t, 30*time.Second, st.requeueAfter(10*time.Second))
+
+	st.decision.RecheckAfter = 10 * time.Second
+	require.Equal(t, 10*time.Second, st.requeueAfter(10*time.Second))
+
+	// The oldest row (a minute old) turns stalled in 4 minutes: 4m1s.
+	st = newState(func(st *relayState) { st.backlog.NextCheckIn = time.Hour })
+	require.Equal(t, 4*time.Minute+time.Second, st.requeueAfter(10*time.Second))
+
+	st = newState(func(st *relayState) { st.backlog = &backlog.Observation{InFlight: true} })
+	require.Equal(t, 11*time.Second, st.requeueAfter(10*time.Second))
+}

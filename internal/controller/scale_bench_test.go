@@ -1,0 +1,520 @@
+package controller
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
+)
+
+// Environment variables of BenchmarkOperatorScale.
+const (
+	// envBenchRelays sets the number of OutboxRelays (default 1000).
+	envBenchRelays = "OUTBOX_BENCH_RELAYS"
+	// envBenchManagerArgs adds flags to the manager, space-separated.
+	envBenchManagerArgs = "OUTBOX_BENCH_MANAGER_ARGS"
+	// envBenchManagerLog names a file to keep the manager's log in.
+	envBenchManagerLog = "OUTBOX_BENCH_MANAGER_LOG"
+)
+
+// BenchmarkOperatorScale creates 1,000 OutboxRelays (each with its own DSN
+// Secret and outbox table, on one real PostgreSQL) against an envtest API
+// server, with the manager built from cmd/manager running as its own process,
+// and prints: the time until every relay is Ready, the manager's peak RSS,
+// and reconciles per second. A goroutine plays the Deployment controller
+// (envtest runs none): it reports every relay Deployment as available.
+//
+//	go test -run '^$' -bench OperatorScale -benchtime 1x ./internal/controller/
+func BenchmarkOperatorScale(b *testing.B) {
+	n := 1000
+	if v := os.Getenv(envBenchRelays); v != "" {
+		var err error
+		n, err = strconv.Atoi(v)
+		require.NoError(b, err, envBenchRelays)
+	}
+	for range b.N {
+		res := runScale(b, n)
+		b.ReportMetric(res.toReady.Seconds(), "s-to-ready")
+		b.ReportMetric(float64(res.peakRSS)/(1<<20), "MiB-peak-rss")
+		b.ReportMetric(res.reconcilesPerSecond(), "reconciles/s")
+		res.print(n)
+	}
+}
+
+// scaleResult are the figures of one run.
+type scaleResult struct {
+	createTime time.Duration            // creating the OutboxRelays
+	toReady    time.Duration            // from the first create until all are Ready
+	reconciles float64                  // controller_runtime_reconcile_total at that time
+	peakRSS    int64                    // VmHWM of the manager, bytes
+	rssAfter   int64                    // VmRSS of the manager at the end, bytes
+	steadyRate float64                  // reconciles per second in the 30 s after
+	poolConns  int                      // backlog connections the manager held
+	cpu        map[string]time.Duration // CPU time until all Ready, by process
+	requests   []string                 // the API server's busiest request kinds
+}
+
+func (r scaleResult) reconcilesPerSecond() float64 { return r.reconciles / r.toReady.Seconds() }
+
+func (r scaleResult) print(n int) {
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	row := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format+"\n", args...) }
+	row("\nOperator scale: %d OutboxRelays, envtest API server, real PostgreSQL, %d CPUs", n, runtimeCPUs())
+	row("figure\tvalue")
+	row("creating the OutboxRelays\t%.1f s", r.createTime.Seconds())
+	row("time until all Ready\t%.1f s", r.toReady.Seconds())
+	row("reconciles until all Ready\t%.0f", r.reconciles)
+	row("reconciles per second (until Ready)\t%.0f", r.reconcilesPerSecond())
+	row("reconciles per second (30 s steady state)\t%.1f", r.steadyRate)
+	row("manager peak RSS (VmHWM)\t%.0f MiB", float64(r.peakRSS)/(1<<20))
+	row("manager RSS at the end\t%.0f MiB", float64(r.rssAfter)/(1<<20))
+	row("backlog connections to PostgreSQL\t%d", r.poolConns)
+	for _, p := range []string{"manager", "kube-apiserver", "etcd"} {
+		row("CPU time of %s until all Ready\t%.1f s", p, r.cpu[p].Seconds())
+	}
+	for _, line := range r.requests {
+		row("API requests %s", line)
+	}
+	_ = w.Flush()
+}
+
+func runtimeCPUs() int {
+	out, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(out), "processor\t:")
+}
+
+func runScale(b *testing.B, n int) scaleResult {
+	ctx := context.Background()
+	ctrllog.SetLogger(logr.Discard()) // the benchmark's own watch logs nothing
+	env, cfg := startAPIServer(b)
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: newTestScheme()})
+	require.NoError(b, err)
+	dir := b.TempDir()
+
+	// The database: one table per relay.
+	dsn := testenv.Postgres(b)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(b, err)
+	defer func() { _ = conn.Close(context.Background()) }()
+	var ddl strings.Builder
+	for i := range n {
+		ddl.WriteString(outbox.MustNew(benchTable(i), outbox.Columns{}).DDL(outbox.DDLOptions{}))
+		ddl.WriteString("\n")
+	}
+	_, err = conn.Exec(ctx, ddl.String())
+	require.NoError(b, err)
+
+	// The objects that exist before the relays: a namespace and the Secrets.
+	const ns = "bench"
+	require.NoError(b, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	parallel(b, n, 16, func(i int) error {
+		return c.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("relay-%04d-db", i)},
+			Data:       map[string][]byte{"dsn": []byte(dsn)},
+		})
+	})
+	require.NoError(b, c.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "redis"},
+		Data:       map[string][]byte{"url": []byte(testRedisURL)},
+	}))
+
+	// The relays are watched, as `kubectl wait` would, not listed over and
+	// over: the API server's time goes to the operator.
+	watched, err := cache.New(cfg, cache.Options{Scheme: newTestScheme(), DefaultNamespaces: map[string]cache.Config{ns: {}}})
+	require.NoError(b, err)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go func() { _ = watched.Start(watchCtx) }()
+	_, err = watched.GetInformer(ctx, &v1alpha1.OutboxRelay{})
+	require.NoError(b, err)
+	require.True(b, watched.WaitForCacheSync(ctx))
+
+	mgr := startManagerProcess(b, env, dir)
+	stopFake := fakeDeploymentController(c)
+	defer stopFake()
+
+	b.ResetTimer()
+	start := time.Now()
+	parallel(b, n, 16, func(i int) error {
+		relay := newRelay(ns, fmt.Sprintf("relay-%04d", i), withTable(benchTable(i)))
+		relay.Spec.Redis.URLSecretRef.Name = "redis"
+		return c.Create(ctx, relay)
+	})
+	res := scaleResult{createTime: time.Since(start)}
+
+	deadline := start.Add(5 * time.Minute)
+	for {
+		ready, reasons := countReady(b, watched, ns)
+		if ready == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("only %d of %d OutboxRelays Ready after 5m; other reasons: %v\nmanager log tail:\n%s", ready, n, reasons, tail(mgr.logPath, 30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	res.toReady = time.Since(start)
+	res.reconciles = mgr.reconcileTotal(b)
+	res.cpu = map[string]time.Duration{"manager": processCPU(mgr.cmd.Process.Pid)}
+	for name, pid := range childProcesses(os.Getpid(), "kube-apiserver", "etcd") {
+		res.cpu[name] = processCPU(pid)
+	}
+	res.requests = apiRequests(b, cfg)
+	b.StopTimer()
+
+	time.Sleep(30 * time.Second)
+	res.steadyRate = (mgr.reconcileTotal(b) - res.reconciles) / 30
+	res.peakRSS, res.rssAfter = mgr.memory(b)
+	res.poolConns = backlogConnections(b, conn)
+	return res
+}
+
+func benchTable(i int) string { return fmt.Sprintf("outbox_%04d", i) }
+
+// parallel runs fn for 0..n-1 on workers goroutines, failing on the first
+// error.
+func parallel(b *testing.B, n, workers int, fn func(i int) error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if err := fn(i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(b, err)
+	}
+}
+
+// countReady counts the Ready OutboxRelays, and the reasons of the others.
+func countReady(b *testing.B, c client.Reader, ns string) (int, map[string]int) {
+	var list v1alpha1.OutboxRelayList
+	require.NoError(b, c.List(context.Background(), &list, client.InNamespace(ns)))
+	ready, reasons := 0, map[string]int{}
+	for i := range list.Items {
+		cond := meta.FindStatusCondition(list.Items[i].Status.Conditions, string(v1alpha1.ConditionReady))
+		switch {
+		case cond == nil:
+			reasons["none"]++
+		case cond.Status == metav1.ConditionTrue:
+			ready++
+		default:
+			reasons[cond.Reason]++
+		}
+	}
+	return ready, reasons
+}
+
+// managerProcess is cmd/manager running against envtest.
+type managerProcess struct {
+	cmd         *exec.Cmd
+	logPath     string
+	metricsAddr string
+}
+
+// startManagerProcess builds cmd/manager and runs it with a kubeconfig of
+// envtest; it is stopped (SIGTERM, then SIGKILL) in cleanup.
+func startManagerProcess(b *testing.B, env *envtest.Environment, dir string) *managerProcess {
+	bin := filepath.Join(dir, "manager")
+	build := exec.Command("go", "build", "-o", bin, "../../cmd/manager")
+	out, err := build.CombinedOutput()
+	require.NoError(b, err, "building cmd/manager: %s", out)
+
+	user, err := env.AddUser(envtest.User{Name: "bench-manager", Groups: []string{"system:masters"}}, nil)
+	require.NoError(b, err)
+	kubeconfig, err := user.KubeConfig()
+	require.NoError(b, err)
+	kubeconfigPath := filepath.Join(dir, "kubeconfig")
+	require.NoError(b, os.WriteFile(kubeconfigPath, kubeconfig, 0o600))
+
+	m := &managerProcess{logPath: filepath.Join(dir, "manager.log"), metricsAddr: freeAddr(b)}
+	if p := os.Getenv(envBenchManagerLog); p != "" {
+		m.logPath = p
+	}
+	logFile, err := os.Create(m.logPath)
+	require.NoError(b, err)
+	args := append([]string{
+		"--kubeconfig=" + kubeconfigPath,
+		"--metrics-bind-address=" + m.metricsAddr,
+		"--health-probe-bind-address=" + freeAddr(b),
+		"--relay-image=" + testImage,
+	}, strings.Fields(os.Getenv(envBenchManagerArgs))...)
+	m.cmd = exec.Command(bin, args...)
+	m.cmd.Stdout, m.cmd.Stderr = logFile, logFile
+	m.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	require.NoError(b, m.cmd.Start())
+	exited := make(chan struct{})
+	go func() { _ = m.cmd.Wait(); close(exited) }()
+	b.Cleanup(func() {
+		_ = m.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = m.cmd.Process.Kill()
+			<-exited
+		}
+		_ = logFile.Close()
+	})
+	return m
+}
+
+// freeAddr returns a free loopback address.
+func freeAddr(b *testing.B) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	defer func() { _ = l.Close() }()
+	return l.Addr().String()
+}
+
+// reconcileTotal scrapes controller_runtime_reconcile_total of the
+// OutboxRelay controller, every result summed.
+func (m *managerProcess) reconcileTotal(b *testing.B) float64 {
+	resp, err := http.Get("http://" + m.metricsAddr + "/metrics")
+	require.NoError(b, err)
+	defer func() { _ = resp.Body.Close() }()
+	total := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "controller_runtime_reconcile_total{") || !strings.Contains(line, `controller="outboxrelay"`) {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		require.NoError(b, err)
+		total += v
+	}
+	require.NoError(b, sc.Err())
+	return total
+}
+
+// memory returns the manager's peak and current resident set size.
+func (m *managerProcess) memory(b *testing.B) (peak, now int64) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", m.cmd.Process.Pid))
+	require.NoError(b, err)
+	for _, line := range strings.Split(string(raw), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(fields[1], 10, 64)
+		switch fields[0] {
+		case "VmHWM:":
+			peak = kb << 10
+		case "VmRSS:":
+			now = kb << 10
+		}
+	}
+	return peak, now
+}
+
+// backlogConnections counts the operator's sessions on the server.
+func backlogConnections(b *testing.B, conn *pgx.Conn) int {
+	var n int
+	require.NoError(b, conn.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outbox-operator'`).Scan(&n))
+	return n
+}
+
+// fakeDeploymentController reports every relay Deployment as rolled out and
+// available, as kube-controller-manager and the kubelets would.
+func fakeDeploymentController(c client.WithWatch) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	work := make(chan client.ObjectKey, 4096)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(work)
+		for ctx.Err() == nil {
+			w, err := c.Watch(ctx, &appsv1.DeploymentList{}, client.MatchingLabels{LabelManagedBy: ManagedByOperator})
+			if err != nil {
+				time.Sleep(100 * time.Millisecond)
+				continue
+			}
+			for ev := range w.ResultChan() {
+				dep, ok := ev.Object.(*appsv1.Deployment)
+				if !ok || available(dep) {
+					continue
+				}
+				select {
+				case work <- client.ObjectKeyFromObject(dep):
+				case <-ctx.Done():
+				}
+			}
+			w.Stop()
+		}
+	})
+	for range 4 {
+		wg.Go(func() {
+			for key := range work {
+				_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+					dep := &appsv1.Deployment{}
+					if err := c.Get(ctx, key, dep); err != nil || available(dep) {
+						return client.IgnoreNotFound(err)
+					}
+					n := ptr.Deref(dep.Spec.Replicas, 1)
+					dep.Status = appsv1.DeploymentStatus{
+						ObservedGeneration: dep.Generation, Replicas: n, UpdatedReplicas: n, ReadyReplicas: n, AvailableReplicas: n,
+					}
+					return c.Status().Update(ctx, dep)
+				})
+			}
+		})
+	}
+	return func() { cancel(); wg.Wait() }
+}
+
+func available(dep *appsv1.Deployment) bool {
+	n := ptr.Deref(dep.Spec.Replicas, 1)
+	return dep.Status.ObservedGeneration >= dep.Generation && dep.Status.AvailableReplicas == n && dep.Status.UpdatedReplicas == n
+}
+
+// apiRequests returns the counts of the API server's requests by verb and
+// resource, busiest first, from its apiserver_request_total metric.
+func apiRequests(b *testing.B, cfg *rest.Config) []string {
+	hc, err := rest.HTTPClientFor(cfg)
+	require.NoError(b, err)
+	resp, err := hc.Get(strings.TrimSuffix(cfg.Host, "/") + "/metrics")
+	require.NoError(b, err)
+	defer func() { _ = resp.Body.Close() }()
+	counts := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		label := func(name string) string {
+			_, after, ok := strings.Cut(line, name+`="`)
+			if !ok {
+				return ""
+			}
+			v, _, _ := strings.Cut(after, `"`)
+			return v
+		}
+		fields := strings.Fields(line)
+		v, _ := strconv.ParseFloat(fields[len(fields)-1], 64)
+		key := fmt.Sprintf("%s %s", label("verb"), label("resource"))
+		if sub := label("subresource"); sub != "" {
+			key += "/" + sub
+		}
+		counts[key] += v
+	}
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return counts[keys[i]] > counts[keys[j]] })
+	out := make([]string, 0, 12)
+	for _, k := range keys[:min(len(keys), 12)] {
+		out = append(out, fmt.Sprintf("%s\t%.0f", k, counts[k]))
+	}
+	return out
+}
+
+// processCPU returns the user and system CPU time of a process.
+func processCPU(pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command (which may hold spaces) start at state.
+	fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	const clockTicks = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / clockTicks
+}
+
+// childProcesses finds the children of parent with the given commands.
+func childProcesses(parent int, names ...string) map[string]int {
+	found := map[string]int{}
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue
+		}
+		var name string
+		var ppid int
+		for _, line := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(line, "Name:"); ok {
+				name = strings.TrimSpace(v)
+			}
+			if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+				ppid, _ = strconv.Atoi(strings.TrimSpace(v))
+			}
+		}
+		for _, n := range names {
+			// /proc truncates names to 15 characters.
+			if ppid == parent && strings.HasPrefix(n, name) {
+				found[n] = pid
+			}
+		}
+	}
+	return found
+}
+
+// tail returns the last lines of a file.
+func tail(path string, lines int) string {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	all := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+	return strings.Join(all, "\n")
+}
