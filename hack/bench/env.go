@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -137,6 +138,19 @@ type throughputResult struct {
 	batch, procs, inFlight int
 	rate                   float64 // events/s from the first to the last XADD
 	rssMiB                 float64 // the largest peak RSS among the processes
+	ofRaw                  float64 // rate / raw claim rate measured just before
+	runs                   []throughputResult
+}
+
+// median picks the run with the median rate; RSS is the largest of all runs.
+func (t throughputResult) median() throughputResult {
+	runs := slices.Clone(t.runs)
+	slices.SortFunc(runs, func(a, b throughputResult) int { return cmp.Compare(a.rate, b.rate) })
+	m := runs[len(runs)/2]
+	for _, r := range runs {
+		m.rssMiB = max(m.rssMiB, r.rssMiB)
+	}
+	return m
 }
 
 // throughput loads n rows and drains them with procs relay processes.

@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,6 +37,7 @@ type options struct {
 	inFlight   []int
 	rate       int
 	duration   time.Duration
+	repeat     int
 	chart      string
 	relayBin   string
 }
@@ -49,6 +51,7 @@ func main() {
 	flag.StringVar(&inFlight, "in-flight", "1,2", "values of relay --in-flight to measure")
 	flag.IntVar(&o.rate, "rate", 2000, "offered load of the latency runs, events/s")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each latency run")
+	flag.IntVar(&o.repeat, "repeat", 3, "runs per configuration; the median is reported")
 	flag.StringVar(&o.chart, "chart", "docs/benchmarks-relay.png", "PNG chart to write; empty: none")
 	flag.StringVar(&o.relayBin, "relay", "", "relay binary (default: built from ./cmd/relay)")
 	flag.Parse()
@@ -118,7 +121,7 @@ func run(ctx context.Context, o options) error {
 	report.machine = machine()
 	report.rows = o.rows
 	for _, conns := range []int{1, 2} {
-		rate, err := env.rawClaimRate(ctx, o.rows, 500, conns)
+		rate, err := median(o.repeat, func() (float64, error) { return env.rawClaimRate(ctx, o.rows, 500, conns) })
 		if err != nil {
 			return err
 		}
@@ -128,13 +131,29 @@ func run(ctx context.Context, o options) error {
 	for _, inFlight := range o.inFlight {
 		for _, batch := range o.batchSizes {
 			for _, procs := range o.procs {
-				res, err := env.throughput(ctx, o.rows, batch, procs, inFlight)
-				if err != nil {
-					return err
+				// The raw claim rate is measured again right before each
+				// relay run, on as many connections as relay processes, so
+				// that the fraction compares like with like on a machine
+				// whose load may change during the run.
+				var res throughputResult
+				var fractions []float64
+				for range o.repeat {
+					raw, err := env.rawClaimRate(ctx, o.rows, batch, procs)
+					if err != nil {
+						return err
+					}
+					r, err := env.throughput(ctx, o.rows, batch, procs, inFlight)
+					if err != nil {
+						return err
+					}
+					fractions = append(fractions, r.rate/raw)
+					res.runs = append(res.runs, r)
 				}
+				res = res.median()
+				res.ofRaw = medianOf(fractions)
 				report.throughput = append(report.throughput, res)
-				logf("relay, batch %d, %d process(es), %d in flight: %.0f events/s, peak RSS %.1f MiB",
-					batch, procs, inFlight, res.rate, res.rssMiB)
+				logf("relay, batch %d, %d process(es), %d in flight: %.0f events/s (%.0f%% of raw), peak RSS %.1f MiB",
+					batch, procs, inFlight, res.rate, 100*res.ofRaw, res.rssMiB)
 			}
 		}
 	}
@@ -154,6 +173,25 @@ func run(ctx context.Context, o options) error {
 		logf("wrote %s", o.chart)
 	}
 	return nil
+}
+
+// median runs f n times and returns the median result.
+func median(n int, f func() (float64, error)) (float64, error) {
+	var xs []float64
+	for range n {
+		x, err := f()
+		if err != nil {
+			return 0, err
+		}
+		xs = append(xs, x)
+	}
+	return medianOf(xs), nil
+}
+
+func medianOf(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 func logf(format string, args ...any) {

@@ -20,18 +20,6 @@ type report struct {
 	latency    []latencyResult
 }
 
-// rawFor is the raw claim rate with as many connections as relay processes
-// (the closest measured).
-func (r *report) rawFor(procs int) float64 {
-	best := 0.0
-	for _, x := range r.raw {
-		if x.conns <= procs {
-			best = x.rate
-		}
-	}
-	return best
-}
-
 func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "\nMachine: %s\n\n", r.machine)
 	fmt.Fprintf(w, "Raw claim rate (PostgreSQL alone: claim statement + commit, no Redis), %d rows:\n\n", r.rows)
@@ -40,12 +28,13 @@ func (r *report) print(w io.Writer) {
 	for _, x := range r.raw {
 		fmt.Fprintf(w, "| %d | %d | %.0f |\n", x.conns, x.batch, x.rate)
 	}
-	fmt.Fprintf(w, "\nRelay throughput, %d rows drained by `relay run`:\n\n", r.rows)
+	fmt.Fprintf(w, "\nRelay throughput, %d rows drained by `relay run` (median of runs; \"of raw\" compares with the raw claim rate\n"+
+		"measured right before each run with the same batch size, on as many connections as relay processes):\n\n", r.rows)
 	fmt.Fprintln(w, "| batch | processes | in flight | events/s | of raw claim rate | peak RSS (MiB) |")
 	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, x := range r.throughput {
 		fmt.Fprintf(w, "| %d | %d | %d | %.0f | %.0f%% | %.1f |\n", x.batch, x.procs, x.inFlight, x.rate,
-			100*x.rate/r.rawFor(x.procs), x.rssMiB)
+			100*x.ofRaw, x.rssMiB)
 	}
 	fmt.Fprintf(w, "\nLatency from commit of the outbox row to the entry in the stream, one relay, default flags, after a %s warm-up:\n", warmUp)
 	fmt.Fprintln(w)
