@@ -2,7 +2,20 @@
 # Every tool is pinned and installed into ./bin.
 
 IMG ?= ghcr.io/outbox-dev/outbox-operator:dev
+# IMAGE_REPO is the image name as config/ and the chart know it (without a tag).
+IMAGE_REPO ?= ghcr.io/outbox-dev/outbox-operator
 ENVTEST_K8S_VERSION ?= 1.37.2
+
+# CONTAINER_TOOL builds and pushes the image (docker or podman).
+CONTAINER_TOOL ?= docker
+# PLATFORMS are the targets of docker-buildx.
+PLATFORMS ?= linux/amd64,linux/arm64
+# KUBECTL talks to the cluster of the current kubeconfig (install, deploy, run).
+KUBECTL ?= kubectl
+# CHART is the Helm chart; its CRD and manager rules are generated (helm-sync).
+CHART ?= charts/outbox-operator
+# DIST is where build-installer writes install.yaml (gitignored).
+DIST ?= dist
 
 # Setting SHELL to bash allows bash commands to be executed by recipes.
 SHELL = /usr/bin/env bash -o pipefail
@@ -28,13 +41,37 @@ help: ## Display this help.
 demo-relay: test-deps ## Run the relay on throwaway PostgreSQL and Redis: schema, three events, the stream.
 	go run ./hack/demo-relay
 
+# LOCAL_CLUSTER_DIR is the state dir of the local cluster (docs/local-cluster.md).
+LOCAL_CLUSTER_DIR ?= /var/lib/outbox-local-cluster
+
+.PHONY: demo
+demo: test-deps helm ## Run the operator (helm install) and its sample on the local cluster (no Docker), place orders; prints KUBECONFIG=<path>.
+	LOCAL_CLUSTER_DIR="$(LOCAL_CLUSTER_DIR)" HELM="$(HELM)" KUBECTL="$(KUBECTL)" hack/demo.sh
+
+.PHONY: demo-down
+demo-down: ## Stop everything make demo started (cluster, pods, PostgreSQL, Redis); remove its namespaces, interfaces and files.
+	go run ./hack/localcluster down --state-dir "$(LOCAL_CLUSTER_DIR)"
+
+.PHONY: local-cluster-up
+local-cluster-up: ## Start (or reuse) the local cluster: real control plane, pods as processes; prints KUBECONFIG=<path>.
+	go run ./hack/localcluster up --state-dir "$(LOCAL_CLUSTER_DIR)"
+
+.PHONY: local-cluster-down
+local-cluster-down: ## Stop the local cluster by pid and remove its namespaces, interfaces and files.
+	go run ./hack/localcluster down --state-dir "$(LOCAL_CLUSTER_DIR)"
+
+.PHONY: test-local-cluster
+test-local-cluster: test-deps ## Run the local cluster's tests, the one that starts a cluster included (root).
+	LOCAL_CLUSTER_TESTS=1 go test ./test/localcluster/... -count=1 -v -timeout 20m
+
 ##@ Development
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRD and RBAC manifests from the Go markers.
+manifests: controller-gen ## Generate the CRD and RBAC manifests from the Go markers, and the chart's copies of them.
 	@if [ -d api ] && ls api/*/*.go >/dev/null 2>&1; then \
 		"$(CONTROLLER_GEN)" rbac:roleName=manager-role crd webhook paths="./..." output:crd:artifacts:config=config/crd/bases; \
 	fi
+	@$(MAKE) --no-print-directory helm-sync
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.
@@ -50,6 +87,18 @@ fmt: ## Run go fmt against code.
 vet: ## Run go vet against code.
 	go vet ./...
 
+.PHONY: lint
+lint: golangci-lint ## Run golangci-lint (.golangci.yml).
+	"$(GOLANGCI_LINT)" run
+
+.PHONY: lint-fix
+lint-fix: golangci-lint ## Run golangci-lint and apply the fixes it can.
+	"$(GOLANGCI_LINT)" run --fix
+
+.PHONY: lint-config
+lint-config: golangci-lint ## Verify that .golangci.yml is a valid golangci-lint configuration.
+	"$(GOLANGCI_LINT)" config verify
+
 .PHONY: test-deps
 test-deps: ## Install PostgreSQL and Redis when missing (apt-get, as root).
 	hack/install-test-deps.sh
@@ -61,9 +110,14 @@ envtest: ## Provide kube-apiserver and etcd for envtest (download, else build fr
 GO_TEST_FLAGS ?= -race -count=1 -timeout 20m
 
 .PHONY: test
-test: manifests generate fmt vet test-deps ## Run every test: unit, integration (real PostgreSQL and Redis) and envtest.
+test: manifests generate fmt vet test-deps helm kustomize ## Run every test: unit, integration (real PostgreSQL and Redis) and envtest.
 	KUBEBUILDER_ASSETS="$$(ENVTEST_K8S_VERSION=$(ENVTEST_K8S_VERSION) LOCALBIN=$(LOCALBIN) hack/setup-envtest.sh)" \
 		go test $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/e2e) -coverprofile cover.out
+
+.PHONY: test-e2e
+test-e2e: manifests generate fmt vet ## Run the end-to-end suite (test/e2e) against the cluster of the current kubeconfig.
+	@[ -d test/e2e ] || { echo "test-e2e: test/e2e does not exist yet; the end-to-end suite is still to come (test/README.md)." >&2; exit 1; }
+	go test -tags=e2e ./test/e2e/... -v -count=1 -timeout 30m
 
 .PHONY: bench
 bench: build test-deps ## Run the relay benchmark and print its table (writes docs/benchmarks.md figures to stdout).
@@ -75,6 +129,116 @@ bench: build test-deps ## Run the relay benchmark and print its table (writes do
 build: fmt vet ## Build every binary of cmd/ into bin/.
 	go build -o $(LOCALBIN)/ ./cmd/...
 
+# RUN_ARGS are the manager's flags for `make run` (go run ./cmd/manager --help lists them).
+RUN_ARGS ?= --leader-elect=false --log-format=text
+
+.PHONY: run
+run: manifests generate fmt vet install ## Run the manager here against the cluster of the current kubeconfig (installs the CRD first; no leader election).
+	go run ./cmd/manager $(RUN_ARGS)
+
+# VERSION is compiled into the manager (main.version); its default relay image
+# falls back to $(IMAGE_REPO):$(VERSION) when no --relay-image or OPERATOR_IMAGE is set.
+VERSION ?= dev
+
+# require-container-engine fails the target $(1) when $(CONTAINER_TOOL) has no engine to talk to.
+define require-container-engine
+@if ! $(CONTAINER_TOOL) info >/dev/null 2>&1; then \
+	echo "$(1) needs a running Docker engine; this machine has none ($(CONTAINER_TOOL) info failed). Build the image elsewhere, or use \`make build\` for the binaries." >&2; \
+	exit 1; \
+fi
+endef
+
+.PHONY: docker-build
+docker-build: ## Build the image IMG for this machine's platform (needs a Docker engine).
+	$(call require-container-engine,$@)
+	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) -t $(IMG) .
+
+.PHONY: docker-push
+docker-push: ## Push the image IMG.
+	$(call require-container-engine,$@)
+	$(CONTAINER_TOOL) push $(IMG)
+
+.PHONY: docker-buildx
+docker-buildx: ## Build and push IMG for every platform of PLATFORMS (needs Docker with buildx).
+	$(call require-container-engine,$@)
+	- $(CONTAINER_TOOL) buildx create --name outbox-operator-builder
+	$(CONTAINER_TOOL) buildx use outbox-operator-builder
+	- $(CONTAINER_TOOL) buildx build --push --platform=$(PLATFORMS) --build-arg VERSION=$(VERSION) --tag $(IMG) .
+	- $(CONTAINER_TOOL) buildx rm outbox-operator-builder
+
+# render-default prints config/default with the manager's image (and so its
+# OPERATOR_IMAGE, the default relay image) set to $(IMG). It builds a throwaway
+# overlay in $(DIST)/.kustomize, so, unlike `kustomize edit set image`, it never
+# edits a file under config/.
+define render-default
+mkdir -p "$(DIST)/.kustomize" && ( \
+	cd "$(DIST)/.kustomize" && rm -f kustomization.yaml && \
+	default="$$(realpath --relative-to=. "$(CURDIR)/config/default")" && \
+	printf '%s\n' "# Generated by make: config/default with the image $(IMG). Do not edit." \
+		"apiVersion: kustomize.config.k8s.io/v1beta1" "kind: Kustomization" \
+		"resources:" "- $$default" "replacements:" "- path: $$default/operator_image_replacement.yaml" > kustomization.yaml && \
+	"$(KUSTOMIZE)" edit set image "$(IMAGE_REPO)=$(IMG)" && \
+	"$(KUSTOMIZE)" build --load-restrictor LoadRestrictionsNone . )
+endef
+
+.PHONY: print-installer
+print-installer: kustomize ## Print what build-installer writes, without regenerating (e.g. make -s print-installer | kubectl diff -f -).
+	@$(render-default)
+
+.PHONY: build-installer
+build-installer: manifests generate kustomize ## Write dist/install.yaml: the CRD, RBAC and the manager (image IMG) in one file.
+	@mkdir -p "$(DIST)"
+	@$(render-default) > "$(DIST)/install.yaml"
+	@echo "Wrote $(DIST)/install.yaml (image $(IMG)). Install with: kubectl apply --server-side -f $(DIST)/install.yaml"
+
+##@ Deployment
+
+ifndef ignore-not-found
+  ignore-not-found = false
+endif
+
+.PHONY: install
+install: manifests kustomize ## Install the CRD into the cluster of the current kubeconfig.
+	"$(KUSTOMIZE)" build config/crd | $(KUBECTL) apply --server-side --force-conflicts -f -
+
+.PHONY: uninstall
+uninstall: manifests kustomize ## Remove the CRD (and so every OutboxRelay) from the cluster. ignore-not-found=true ignores missing objects.
+	"$(KUSTOMIZE)" build config/crd | $(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -f -
+
+.PHONY: deploy
+deploy: manifests kustomize ## Deploy the operator (image IMG) to the cluster of the current kubeconfig.
+	@$(render-default) | $(KUBECTL) apply --server-side --force-conflicts -f -
+
+.PHONY: undeploy
+undeploy: kustomize ## Remove the operator (CRD included) from the cluster. ignore-not-found=true ignores missing objects.
+	@$(render-default) | $(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -f -
+
+##@ Helm
+
+.PHONY: helm-sync
+helm-sync: ## Copy the generated CRD and manager rules into the chart (run by manifests).
+	@[ "$$(grep -c '^kind:' config/rbac/role.yaml)" = 1 ] && grep -q '^kind: ClusterRole$$' config/rbac/role.yaml || { \
+		echo "helm-sync: config/rbac/role.yaml must hold exactly one ClusterRole; teach $(CHART)/templates/rbac.yaml about the rest." >&2; exit 1; }
+	@mkdir -p "$(CHART)/files" "$(CHART)/templates/crds"
+	@{ echo "# Generated from config/rbac/role.yaml by 'make helm-sync' (run by 'make manifests'). DO NOT EDIT."; \
+		sed -n '/^rules:/,$$p' config/rbac/role.yaml; } > "$(CHART)/files/manager-rules.yaml"
+	@rm -f "$(CHART)"/templates/crds/*.yaml
+	@for f in config/crd/bases/*.yaml; do \
+		awk -v src="$$f" -f charts/crd-to-template.awk "$$f" > "$(CHART)/templates/crds/$$(basename "$$f")"; \
+	done
+
+.PHONY: helm-lint
+helm-lint: helm-sync helm ## Lint the chart with its default values and with each ci/*-values.yaml of the chart.
+	"$(HELM)" lint --strict "$(CHART)"
+	@for f in "$(CHART)"/ci/*-values.yaml; do \
+		echo "==> helm lint --strict -f $$f"; \
+		"$(HELM)" lint --strict "$(CHART)" -f "$$f"; \
+	done
+
+.PHONY: helm-package
+helm-package: helm-sync helm ## Package the chart into dist/.
+	"$(HELM)" package "$(CHART)" --destination "$(DIST)"
+
 ##@ Dependencies
 
 LOCALBIN ?= $(shell pwd)/bin
@@ -82,12 +246,43 @@ $(LOCALBIN):
 	mkdir -p $(LOCALBIN)
 
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
+KUSTOMIZE ?= $(LOCALBIN)/kustomize
+HELM ?= $(LOCALBIN)/helm
+GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
+
+## Tool versions. kustomize v5.8.2 is the newest whose go.mod accepts Go 1.26.
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
+KUSTOMIZE_VERSION ?= v5.8.2
+HELM_VERSION ?= v3.22.0
+GOLANGCI_LINT_VERSION ?= v2.15.0
 
 .PHONY: controller-gen
 controller-gen: $(CONTROLLER_GEN) ## Download controller-gen locally if necessary.
 $(CONTROLLER_GEN): $(LOCALBIN)
 	$(call go-install-tool,$(CONTROLLER_GEN),sigs.k8s.io/controller-tools/cmd/controller-gen,$(CONTROLLER_TOOLS_VERSION))
+
+.PHONY: kustomize
+kustomize: $(KUSTOMIZE) ## Download kustomize locally if necessary.
+$(KUSTOMIZE): $(LOCALBIN)
+	$(call go-install-tool,$(KUSTOMIZE),sigs.k8s.io/kustomize/kustomize/v5,$(KUSTOMIZE_VERSION))
+
+# HELM_K8S_MINOR is the Kubernetes minor of helm's client libraries (k8s.io/client-go
+# v0.37 for helm v3.22). Helm's release build sets it, and its version, with ldflags;
+# without them `helm template` and `helm lint` take the cluster for Kubernetes 1.20.
+HELM_K8S_MINOR ?= 37
+HELM_LDFLAGS = -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	$(foreach p,pkg/chartutil pkg/lint/rules,-X helm.sh/helm/v3/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/$(p).k8sVersionMinor=$(HELM_K8S_MINOR))
+
+.PHONY: helm
+helm: $(HELM) ## Build helm locally if necessary (a few minutes the first time).
+$(HELM): export GOFLAGS = "-ldflags=$(strip $(HELM_LDFLAGS))"
+$(HELM): $(LOCALBIN)
+	$(call go-install-tool,$(HELM),helm.sh/helm/v3/cmd/helm,$(HELM_VERSION))
+
+.PHONY: golangci-lint
+golangci-lint: $(GOLANGCI_LINT) ## Download golangci-lint locally if necessary.
+$(GOLANGCI_LINT): $(LOCALBIN)
+	$(call go-install-tool,$(GOLANGCI_LINT),github.com/golangci/golangci-lint/v2/cmd/golangci-lint,$(GOLANGCI_LINT_VERSION))
 
 # go-install-tool will 'go install' any package with custom target and name of binary, if it doesn't exist
 # $1 - target path with name of binary
