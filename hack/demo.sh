@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# make demo: the operator and its sample on the local cluster, on a machine
+# without Docker (docs/local-cluster.md).
+#
+#   1. starts the local cluster (or reuses the running one): go run ./hack/localcluster up
+#   2. starts PostgreSQL and Redis as host processes for the sample
+#   3. installs the operator with helm from charts/outbox-operator
+#   4. applies the sample (hack/localcluster/demo: config/samples with the
+#      host's PostgreSQL and Redis behind the Services postgres and redis)
+#   5. places a few orders, prints `kubectl get outboxrelays` and the worker's
+#      log lines, and the KUBECONFIG to use next
+#
+# Idempotent: a second run reuses what runs. `make demo-down` removes it all.
+# Environment: LOCAL_CLUSTER_DIR (state dir), HELM, KUBECTL, ORDERS (default 3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STATE=${LOCAL_CLUSTER_DIR:-/var/lib/outbox-local-cluster}
+HELM=${HELM:-bin/helm}
+KUBECTL=${KUBECTL:-kubectl}
+ORDERS=${ORDERS:-3}
+NS=default
+RELEASE=outbox-operator
+OPERATOR_NS=outbox-system
+
+say() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+say "Starting the local cluster (state: $STATE)"
+go run ./hack/localcluster up --state-dir "$STATE" >/dev/null
+export KUBECONFIG="$STATE/kubeconfig"
+
+say "Starting PostgreSQL and Redis on the host for the sample"
+eval "$("$STATE/bin/localcluster" demo-services --state-dir "$STATE")"
+echo "PostgreSQL 127.0.0.1:$PG_PORT, Redis 127.0.0.1:$REDIS_PORT; pods reach them at $GATEWAY (the host's side of the pod network)" >&2
+
+say "Installing the operator: helm upgrade --install $RELEASE charts/outbox-operator"
+"$HELM" upgrade --install "$RELEASE" charts/outbox-operator \
+	--namespace "$OPERATOR_NS" --create-namespace \
+	--set image.tag=dev --set logFormat=text --wait --timeout 3m >/dev/null
+"$KUBECTL" -n "$OPERATOR_NS" get deploy "$RELEASE"
+
+say "Applying the sample: kubectl apply -k hack/localcluster/demo"
+"$KUBECTL" -n "$NS" apply -k hack/localcluster/demo
+"$KUBECTL" -n "$NS" apply -f - <<YAML
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: postgres-host
+  labels:
+    kubernetes.io/service-name: postgres
+    endpointslice.kubernetes.io/managed-by: local-cluster-demo
+addressType: IPv4
+ports: [{name: postgres, port: $PG_PORT, protocol: TCP}]
+endpoints: [{addresses: ["$GATEWAY"], conditions: {ready: true}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: redis-host
+  labels:
+    kubernetes.io/service-name: redis
+    endpointslice.kubernetes.io/managed-by: local-cluster-demo
+addressType: IPv4
+ports: [{name: redis, port: $REDIS_PORT, protocol: TCP}]
+endpoints: [{addresses: ["$GATEWAY"], conditions: {ready: true}}]
+YAML
+
+say "Waiting for the migration, orders-api, the worker and the relay"
+"$KUBECTL" -n "$NS" wait --for=condition=complete job/orders-migrate --timeout=5m
+"$KUBECTL" -n "$NS" wait --for=condition=available deploy/orders-api deploy/worker --timeout=5m
+for _ in $(seq 1 120); do
+	"$KUBECTL" -n "$NS" get deploy orders-relay >/dev/null 2>&1 && break
+	sleep 1
+done
+"$KUBECTL" -n "$NS" wait --for=condition=available deploy/orders-relay --timeout=5m
+
+say "Placing $ORDERS orders: POST /orders to orders-api"
+ip=$("$KUBECTL" -n "$NS" get pod -l app.kubernetes.io/name=orders-api --field-selector=status.phase=Running -o jsonpath='{.items[0].status.podIP}')
+for i in $(seq 1 "$ORDERS"); do
+	curl -fsS -X POST "http://$ip:8080/orders" -H 'content-type: application/json' \
+		-d "{\"customer_email\": \"reader$i@example.com\", \"amount\": \"1$i.99\"}"
+done
+
+say "The worker's confirmation emails"
+want=$ORDERS
+for _ in $(seq 1 60); do
+	got=$("$KUBECTL" -n "$NS" logs deploy/worker | grep -c 'sending confirmation email' || true)
+	[ "$got" -ge "$want" ] && break
+	sleep 1
+done
+"$KUBECTL" -n "$NS" logs deploy/worker | grep 'sending confirmation email' || echo "(none yet: kubectl logs deploy/worker)" >&2
+
+say "kubectl get outboxrelays"
+# The backlog is counted every spec.backlog.checkInterval (30s by default).
+"$KUBECTL" -n "$NS" get outboxrelays
+
+say "Done. Use the cluster with:"
+echo "export KUBECONFIG=$KUBECONFIG"
+echo "KUBECONFIG=$KUBECONFIG"
+echo "Stop everything with: make demo-down" >&2

@@ -1,0 +1,378 @@
+// Package cluster brings the local cluster up and down as a whole: the state
+// dir and its cluster.json, the binaries built from this repo, the control
+// plane (package controlplane) and the node process (package node, run by
+// `localcluster node`).
+//
+// Everything the cluster runs is recorded by pid under <state>/pids and
+// stopped by pid in Down; Down then removes the network namespaces, interfaces
+// and files the cluster created.
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/outbox-dev/outbox-operator/test/localcluster/controlplane"
+	"github.com/outbox-dev/outbox-operator/test/localcluster/netns"
+	"github.com/outbox-dev/outbox-operator/test/localcluster/supervise"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Environment variables read by this package.
+const (
+	// EnvStateDir overrides DefaultStateDir.
+	EnvStateDir = "LOCAL_CLUSTER_DIR"
+	// EnvAssets names the dir of the control plane binaries (default: the
+	// output of hack/setup-envtest.sh --with-control-plane).
+	EnvAssets = "LOCAL_CLUSTER_ASSETS"
+)
+
+// DefaultStateDir holds the running cluster. It is outside /root and /tmp:
+// pods run as their runAsUser (65532 for this project's image) and must be
+// able to execute the binaries under it; and it lives as long as the cluster.
+const DefaultStateDir = "/var/lib/outbox-local-cluster"
+
+// NodeProcess is the name of the node's pid file and log.
+const NodeProcess = "node"
+
+// ProjectImage is the image repository whose containers the node runs from
+// the binaries of this repo.
+const ProjectImage = "ghcr.io/outbox-dev/outbox-operator"
+
+// State is the cluster's shape, chosen once by Up and kept in
+// <state>/cluster.json so that every later command, and the node process,
+// agrees with it.
+type State struct {
+	controlplane.Config
+	// Gateway is the host's address on the pod bridge (first of PodCIDR). The
+	// service proxy delivers traffic for it to the host's loopback.
+	Gateway string
+	// ServiceAddress is the address of the services namespace on the bridge
+	// (the last usable of PodCIDR), where the service proxy listens.
+	ServiceAddress string
+	// Bridge is the host's bridge of the pod network; NetnsPrefix starts the
+	// name of every pod's network namespace (and the host end of its veth).
+	Bridge      string
+	NetnsPrefix string
+	KubeletPort int
+	// BinDir holds manager, relay, orders-api, worker and localcluster, built at up.
+	BinDir string
+	// RepoDir is the checkout the binaries were built from.
+	RepoDir string
+}
+
+// Options of Up.
+type Options struct {
+	StateDir  string
+	RepoDir   string
+	AssetsDir string
+	// PodCIDR, ServiceCIDR and Bridge default to 10.244.0.0/16, 10.96.0.0/16, obx0.
+	PodCIDR, ServiceCIDR, Bridge string
+	NodeName                     string
+	// SkipBuild reuses the binaries in <state>/bin.
+	SkipBuild bool
+	Out       io.Writer
+}
+
+// StateDirFromEnv is $LOCAL_CLUSTER_DIR or DefaultStateDir.
+func StateDirFromEnv() string {
+	if d := os.Getenv(EnvStateDir); d != "" {
+		return d
+	}
+	return DefaultStateDir
+}
+
+// Load reads <dir>/cluster.json.
+func Load(dir string) (*State, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cluster.json"))
+	if err != nil {
+		return nil, err
+	}
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("parsing %s/cluster.json: %w", dir, err)
+	}
+	return &s, nil
+}
+
+func (s *State) save() error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(s.StateDir, "cluster.json"), b, 0o644)
+}
+
+// NodePidFile is the node process's pid file.
+func (s *State) NodePidFile() string { return filepath.Join(s.PidDir(), NodeProcess+".pid") }
+
+// PodsDir holds one dir per pod: hosts, service-account files, container logs.
+func (s *State) PodsDir() string { return filepath.Join(s.StateDir, "pods") }
+
+// Network describes the pod network for package netns.
+func (s *State) Network() netns.Network {
+	return netns.Network{Bridge: s.Bridge, Prefix: s.NetnsPrefix, CIDR: s.PodCIDR, Gateway: s.Gateway, ServiceCIDR: s.ServiceCIDR, ServiceAddress: s.ServiceAddress}
+}
+
+func newState(o Options) (*State, error) {
+	s := &State{}
+	s.StateDir = o.StateDir
+	s.NodeName = cmpOr(o.NodeName, "local-node")
+	s.PodCIDR = cmpOr(o.PodCIDR, "10.244.0.0/16")
+	s.ServiceCIDR = cmpOr(o.ServiceCIDR, "10.96.0.0/16")
+	s.Bridge = cmpOr(o.Bridge, "obx0")
+	s.NetnsPrefix = s.Bridge + "-"
+	s.RepoDir = o.RepoDir
+	s.BinDir = filepath.Join(o.StateDir, "bin")
+	svcIP, err := nthIP(s.ServiceCIDR, 1)
+	if err != nil {
+		return nil, err
+	}
+	s.ServiceIP = svcIP
+	if s.Gateway, err = nthIP(s.PodCIDR, 1); err != nil {
+		return nil, err
+	}
+	s.AdvertiseAddress = s.Gateway
+	if s.ServiceAddress, err = lastIP(s.PodCIDR); err != nil {
+		return nil, err
+	}
+	for _, p := range []*int{&s.EtcdPort, &s.EtcdPeerPort, &s.APIServerPort, &s.ControllerManagerPort, &s.SchedulerPort, &s.KubeletPort} {
+		if *p, err = controlplane.FreePort(); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func nthIP(cidr string, n byte) (string, error) {
+	_, ipnet, err := net.ParseCIDR(cidr)
+	if err != nil {
+		return "", fmt.Errorf("parsing %q: %w", cidr, err)
+	}
+	ip := ipnet.IP.To4()
+	if ip == nil {
+		return "", fmt.Errorf("%s: only IPv4 ranges are supported", cidr)
+	}
+	out := make(net.IP, 4)
+	copy(out, ip)
+	out[3] += n
+	return out.String(), nil
+}
+
+// lastIP is the last usable address of cidr (before the broadcast address).
+func lastIP(cidr string) (string, error) {
+	_, ipnet, err := net.ParseCIDR(cidr)
+	if err != nil {
+		return "", err
+	}
+	ip := ipnet.IP.To4()
+	if ip == nil {
+		return "", fmt.Errorf("%s: only IPv4 ranges are supported", cidr)
+	}
+	out := make(net.IP, 4)
+	for i := range out {
+		out[i] = ip[i] | ^ipnet.Mask[i]
+	}
+	out[3]--
+	return out.String(), nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// Up starts what is not running yet and waits until the node is Ready. A
+// cluster that runs already is reused as it is.
+func Up(ctx context.Context, o Options) (*State, error) {
+	out := o.Out
+	if out == nil {
+		out = io.Discard
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the local cluster needs root: it creates network namespaces, veth pairs and a bridge")
+	}
+	if err := os.MkdirAll(o.StateDir, 0o755); err != nil {
+		return nil, err
+	}
+	// Pods run as their runAsUser and must reach the binaries under the state dir.
+	if err := os.Chmod(o.StateDir, 0o755); err != nil {
+		return nil, err
+	}
+	s, err := Load(o.StateDir)
+	if errors.Is(err, os.ErrNotExist) {
+		if s, err = newState(o); err != nil {
+			return nil, err
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	if o.RepoDir != "" {
+		s.RepoDir = o.RepoDir
+	}
+	if s.AssetsDir, err = assets(ctx, o, s.RepoDir); err != nil {
+		return nil, err
+	}
+	if err := s.save(); err != nil {
+		return nil, err
+	}
+	nodePid, nodeAlive := supervise.AliveFromFile(s.NodePidFile())
+	// Built every time (seconds when cached): a running node keeps its binary,
+	// new pods get the new ones.
+	if !o.SkipBuild {
+		start := time.Now()
+		fmt.Fprintf(out, "Building the binaries into %s ...\n", s.BinDir)
+		if err := build(ctx, s.RepoDir, s.BinDir); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(out, "Built in %s.\n", time.Since(start).Round(100*time.Millisecond))
+	}
+	started, err := controlplane.Start(ctx, s.Config)
+	for _, name := range started {
+		fmt.Fprintf(out, "Started %s (log: %s).\n", name, filepath.Join(s.LogDir(), name+".log"))
+	}
+	if err != nil {
+		return s, err
+	}
+	if !nodeAlive {
+		pid, err := supervise.Start(supervise.Spec{
+			Name: NodeProcess, Path: filepath.Join(s.BinDir, "localcluster"),
+			Args: []string{"node", "--state-dir", s.StateDir},
+		}, s.PidDir(), s.LogDir())
+		if err != nil {
+			return s, err
+		}
+		nodePid = pid
+		fmt.Fprintf(out, "Started the node %s (pid %d, log: %s).\n", s.NodeName, pid, filepath.Join(s.LogDir(), NodeProcess+".log"))
+	}
+	if err := waitNodeReady(ctx, s, nodePid); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// assets finds the control plane binaries.
+func assets(ctx context.Context, o Options, repo string) (string, error) {
+	if o.AssetsDir != "" {
+		return o.AssetsDir, nil
+	}
+	if d := os.Getenv(EnvAssets); d != "" {
+		return d, nil
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(repo, "hack/setup-envtest.sh"), "--with-control-plane")
+	cmd.Dir = repo
+	cmd.Stderr = os.Stderr
+	b, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("hack/setup-envtest.sh --with-control-plane: %w", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.TrimSpace(lines[len(lines)-1]), nil
+}
+
+// build compiles every binary of cmd/ and the localcluster command into dir.
+func build(ctx context.Context, repo, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", "./cmd/...", "./hack/localcluster")
+	cmd.Dir = repo
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go build: %w\n%s", err, stderr.String())
+	}
+	return nil
+}
+
+// Client returns a clientset for the admin kubeconfig.
+func (s *State) Client() (kubernetes.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig())
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+func waitNodeReady(ctx context.Context, s *State, pid int) error {
+	cs, err := s.Client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	for {
+		if !supervise.Alive(pid, "") {
+			return fmt.Errorf("the node process exited; see %s", filepath.Join(s.LogDir(), NodeProcess+".log"))
+		}
+		n, err := cs.CoreV1().Nodes().Get(ctx, s.NodeName, metav1.GetOptions{})
+		if err == nil {
+			for _, c := range n.Status.Conditions {
+				if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the node %s did not become Ready: %w", s.NodeName, ctx.Err())
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+// Status lists each process of the cluster and whether it runs.
+func Status(s *State) map[string]bool {
+	m := controlplane.Running(s.Config)
+	_, m[NodeProcess] = supervise.AliveFromFile(s.NodePidFile())
+	return m
+}
+
+// Down stops the node (which stops its pods and removes their namespaces) and
+// the control plane by pid, stops any pod process the node left behind, removes
+// the pod network and, unless keepState, the state dir.
+func Down(s *State, keepState bool) error {
+	var errs []error
+	errs = append(errs, supervise.Stop(s.NodePidFile(), 60*time.Second))
+	errs = append(errs, stopLeftoverPods(s))
+	errs = append(errs, controlplane.Stop(s.Config))
+	errs = append(errs, netns.Teardown(s.Network()))
+	// Extra processes the demo recorded (its PostgreSQL and Redis).
+	extra, _ := filepath.Glob(filepath.Join(s.PidDir(), "*.pid"))
+	for _, f := range extra {
+		errs = append(errs, supervise.Stop(f, 30*time.Second))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if keepState {
+		return nil
+	}
+	return os.RemoveAll(s.StateDir)
+}
+
+// stopLeftoverPods stops container processes whose pid files remain, which
+// happens only when the node process died without stopping them.
+func stopLeftoverPods(s *State) error {
+	files, _ := filepath.Glob(filepath.Join(s.PodsDir(), "*", "*.pid"))
+	var errs []error
+	for _, f := range files {
+		errs = append(errs, supervise.Stop(f, 5*time.Second))
+	}
+	return errors.Join(errs...)
+}
