@@ -62,7 +62,7 @@ local-cluster-down: ## Stop the local cluster by pid and remove its namespaces, 
 
 .PHONY: test-local-cluster
 test-local-cluster: test-deps ## Run the local cluster's tests, the one that starts a cluster included (root).
-	LOCAL_CLUSTER_TESTS=1 go test ./test/localcluster/... -count=1 -v -timeout 20m
+	go test -tags localcluster ./test/localcluster/... -count=1 -v -timeout 30m
 
 ##@ Development
 

@@ -1,3 +1,5 @@
+//go:build localcluster
+
 package cluster_test
 
 import (
@@ -29,23 +31,18 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// EnvLocalClusterTests turns on the tests that start a local cluster.
-const EnvLocalClusterTests = "LOCAL_CLUSTER_TESTS"
-
 const image = cluster.ProjectImage + ":dev"
 
-// requireLocalCluster skips (fails in CI) unless the heavyweight tests are on
-// and the machine can run a cluster.
+// requireLocalCluster skips (fails in CI) unless the machine can run a
+// cluster. The file is built only with -tags localcluster (make
+// test-local-cluster), so that `go test ./...` does not start clusters.
 func requireLocalCluster(t *testing.T) {
 	t.Helper()
-	if os.Getenv(EnvLocalClusterTests) != "1" {
-		t.Skipf("starts a local cluster: set %s=1 (make test-local-cluster)", EnvLocalClusterTests)
-	}
 	missing := func(msg string) {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s=1 but %s", EnvLocalClusterTests, msg)
+			t.Fatal(msg)
 		}
-		t.Skipf("%s=1 but %s", EnvLocalClusterTests, msg)
+		t.Skip(msg)
 	}
 	if os.Geteuid() != 0 {
 		missing("the local cluster needs root (network namespaces, veth pairs, a bridge)")
