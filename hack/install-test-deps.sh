@@ -34,6 +34,7 @@ have_redis() { command -v redis-server >/dev/null 2>&1 || [[ -x /usr/bin/redis-s
 missing=()
 have_redis || missing+=(redis-server)
 pg_bindir >/dev/null || missing+=(postgresql)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2) # the local cluster's network namespaces
 
 if ((${#missing[@]} > 0)); then
 	log "missing: ${missing[*]}"
