@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"net"
 	"net/http"
 	"os"
@@ -185,7 +186,7 @@ func (r *podRun) setupSandbox() error {
 	if err := netns.Create(r.p.network, r.id, ip); err != nil {
 		return err
 	}
-	if err := r.p.writeVolumes(r.ctx, r.pod, filepath.Join(r.dir, "run")); err != nil {
+	if err := r.writeVolumes(); err != nil {
 		return err
 	}
 	r.p.proxy.addPod(r.key, r.pod.Namespace, filepath.Join(r.dir, "hosts"), ip, r.pod.Name)
@@ -195,6 +196,27 @@ func (r *podRun) setupSandbox() error {
 	r.logf("Started the pod sandbox", "ip", ip, "netns", r.p.network.Name(r.id))
 	r.notify()
 	return nil
+}
+
+// writeVolumes writes the pod's volumes. Like the kubelet, it waits for a
+// ConfigMap or Secret that does not exist yet (kube-root-ca.crt appears in a
+// new namespace a moment after the namespace itself) instead of failing the
+// pod, until the pod is deleted.
+func (r *podRun) writeVolumes() error {
+	delay := 100 * time.Millisecond
+	for {
+		err := r.p.writeVolumes(r.ctx, r.pod, filepath.Join(r.dir, "run"))
+		if err == nil || !apierrors.IsNotFound(err) {
+			return err
+		}
+		r.logf("Waiting for a volume source", "err", err)
+		select {
+		case <-r.ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
 }
 
 func (r *podRun) teardown() {
