@@ -56,14 +56,14 @@ func TestMigrateThenServeAnOrder(t *testing.T) {
 
 	resp, err := http.Get(base + "/readyz")
 	require.NoError(t, err)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	resp, err = http.Post(base+"/orders", "application/json",
 		strings.NewReader(`{"customer_email": "reader@example.com", "amount": "19.99"}`))
 	require.NoError(t, err)
 	var created map[string]string
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&created))
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 	require.Equal(t, "/orders/"+created["order_id"], resp.Header.Get("Location"))
 

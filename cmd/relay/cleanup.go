@@ -28,7 +28,7 @@ func newCleanupCommand(c *common) *cobra.Command {
 			return withPool(cmd.Context(), c, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
 				start := time.Now()
 				n, err := t.DeleteAllDispatched(ctx, db, retention, batchSize, nil)
-				fmt.Fprintf(cmd.OutOrStdout(), "deleted %d dispatched rows older than %s from %s in %s\n",
+				_, _ = fmt.Fprintf(cmd.OutOrStdout(), "deleted %d dispatched rows older than %s from %s in %s\n",
 					n, retention, t, time.Since(start).Round(time.Millisecond))
 				return err
 			})

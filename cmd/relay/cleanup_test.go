@@ -9,10 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// insertRows writes n rows of kind (the event_type) created and dispatched
-// the given PostgreSQL intervals ago (dispatched "" for pending rows), and
+// insertRows writes n rows of kind (the event_type) created three hours ago
+// and dispatched the given PostgreSQL interval ago ("" for pending rows), and
 // returns their ids.
-func insertRows(t *testing.T, db *pgxpool.Pool, kind string, n int, createdAgo, dispatchedAgo string) []string {
+func insertRows(t *testing.T, db *pgxpool.Pool, kind string, n int, dispatchedAgo string) []string {
 	t.Helper()
 	var dispatched any
 	if dispatchedAgo != "" {
@@ -20,7 +20,7 @@ func insertRows(t *testing.T, db *pgxpool.Pool, kind string, n int, createdAgo, 
 	}
 	return queryStrings(t, db, `INSERT INTO outbox_events (event_type, payload, created_at, dispatched_at)
 		SELECT $1, '{}', now() - $2::text::interval, now() - $3::text::interval FROM generate_series(1, $4)
-		RETURNING id::text`, kind, createdAgo, dispatched, n)
+		RETURNING id::text`, kind, "3 hours", dispatched, n)
 }
 
 func allRowIDs(t *testing.T, db *pgxpool.Pool) []string {
@@ -49,9 +49,9 @@ func TestCleanupDeletesOnlyOldDispatchedRows(t *testing.T) {
 	t.Parallel()
 	dsn, db := freshDB(t)
 	env := relayEnv("DATABASE_URL=" + dsn)
-	old := insertRows(t, db, "old", 3, "3 hours", "2 hours")
-	recent := insertRows(t, db, "recent", 2, "3 hours", "10 minutes")
-	pendingIDs := insertRows(t, db, "pending", 2, "3 hours", "")
+	old := insertRows(t, db, "old", 3, "2 hours")
+	recent := insertRows(t, db, "recent", 2, "10 minutes")
+	pendingIDs := insertRows(t, db, "pending", 2, "")
 	require.EqualValues(t, 2, pending(t, db))
 
 	// The default retention is 72h: nothing is that old.
@@ -76,14 +76,14 @@ func TestCleanupDeletesInBatches(t *testing.T) {
 	t.Parallel()
 	dsn, db := freshDB(t)
 	env := relayEnv("DATABASE_URL=" + dsn)
-	insertRows(t, db, "old", 5, "3 hours", "2 hours")
-	keep := insertRows(t, db, "recent", 1, "3 hours", "10 minutes")
+	insertRows(t, db, "old", 5, "2 hours")
+	keep := insertRows(t, db, "recent", 1, "10 minutes")
 
 	requireDeleted(t, requireSuccess(t, env, "cleanup", "--retention", "1h", "--batch-size", "2"), "5", "1h0m0s")
 	require.Equal(t, keep, allRowIDs(t, db))
 
 	// A batch size that divides the count: the last, empty batch ends it.
-	insertRows(t, db, "old", 4, "3 hours", "2 hours")
+	insertRows(t, db, "old", 4, "2 hours")
 	requireDeleted(t, requireSuccess(t, env, "cleanup", "--retention", "1h", "--batch-size", "2"), "4", "1h0m0s")
 	require.Equal(t, keep, allRowIDs(t, db))
 }
@@ -91,7 +91,7 @@ func TestCleanupDeletesInBatches(t *testing.T) {
 func TestCleanupRejectsInvalidFlags(t *testing.T) {
 	t.Parallel()
 	dsn, db := freshDB(t)
-	insertRows(t, db, "old", 1, "3 hours", "2 hours")
+	insertRows(t, db, "old", 1, "2 hours")
 	env := relayEnv("DATABASE_URL=" + dsn)
 	for _, tc := range []struct {
 		args []string

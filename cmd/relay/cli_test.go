@@ -33,7 +33,8 @@ func TestMissingConnectionVariables(t *testing.T) {
 		missing string
 	}{
 		{"run without DATABASE_URL", []string{"REDIS_URL=" + redisURL}, append([]string{"run"}, noServers...), "DATABASE_URL"},
-		{"run with empty DATABASE_URL", []string{"DATABASE_URL=", "REDIS_URL=" + redisURL}, append([]string{"run"}, noServers...), "DATABASE_URL"},
+		{"run with empty DATABASE_URL", []string{"DATABASE_URL=", "REDIS_URL=" + redisURL},
+			append([]string{"run"}, noServers...), "DATABASE_URL"},
 		{"run without REDIS_URL", []string{"DATABASE_URL=" + dsn}, append([]string{"run"}, noServers...), "REDIS_URL"},
 		{"run with empty REDIS_URL", []string{"DATABASE_URL=" + dsn, "REDIS_URL="}, append([]string{"run"}, noServers...), "REDIS_URL"},
 		{"run without either", nil, append([]string{"run"}, noServers...), "DATABASE_URL"},
@@ -65,7 +66,8 @@ func TestInvalidIdentifiersAreRefusedBeforeConnecting(t *testing.T) {
 		{"table", []string{"--table", "x; DROP TABLE y"}, nil, `table "x; DROP TABLE y": invalid identifier`},
 		{"table from env", nil, []string{"RELAY_TABLE=x; DROP TABLE y"}, `table "x; DROP TABLE y": invalid identifier`},
 		{"schema", []string{"--table", `a"; DROP TABLE y; --.t`}, nil, `schema "a\"; DROP TABLE y; --": invalid identifier`},
-		{"column", []string{"--payload-column", `p" || pg_sleep(10) || "`}, nil, `column payload "p\" || pg_sleep(10) || \"": invalid identifier`},
+		{"column", []string{"--payload-column", `p" || pg_sleep(10) || "`}, nil,
+			`column payload "p\" || pg_sleep(10) || \"": invalid identifier`},
 	}
 	commands := [][]string{
 		append([]string{"run"}, noServers...),
@@ -163,7 +165,7 @@ func TestRunRetryLogsDoNotLeakPasswords(t *testing.T) {
 func testRunRetryLogs(t *testing.T, dsn string) {
 	// Both servers unreachable: every pass fails, and every failure is logged.
 	r := startRun(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+closedRedis(t)))
-	waitUntil(t, r.relayProc, waitTimeout, "a failed pass in the log", func() bool {
+	waitUntil(t, r.relayProc, "a failed pass in the log", func() bool {
 		_, ok := findLog(r.stderr.String(), "Relay pass failed, retrying")
 		return ok
 	})

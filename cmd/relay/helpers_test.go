@@ -24,11 +24,11 @@ import (
 // waitTimeout bounds every wait for a condition.
 const waitTimeout = 60 * time.Second
 
-// waitUntil polls cond until it holds, failing after timeout. When p is not
-// nil and exits meanwhile, it fails at once, quoting the process's output.
-func waitUntil(t *testing.T, p *relayProc, timeout time.Duration, what string, cond func() bool) {
+// waitUntil polls cond until it holds, failing after waitTimeout. When p is
+// not nil and exits meanwhile, it fails at once, quoting the process's output.
+func waitUntil(t *testing.T, p *relayProc, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(waitTimeout)
 	for {
 		if cond() {
 			return
@@ -38,7 +38,7 @@ func waitUntil(t *testing.T, p *relayProc, timeout time.Duration, what string, c
 				what, p.waitErr, p.stdout, p.stderr)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: not within %s", what, timeout)
+			t.Fatalf("waiting for %s: not within %s", what, waitTimeout)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -102,7 +102,7 @@ func startRun(t *testing.T, env []string, args ...string) *runningRelay {
 func (r *runningRelay) url(path string) string { return "http://" + r.probeAddr + path }
 
 // readyz returns the status code of /readyz, 0 when it cannot be reached.
-func (r *runningRelay) readyz(t *testing.T) int {
+func (r *runningRelay) readyz() int {
 	code, _ := httpGet(r.url("/readyz"))
 	return code
 }
@@ -212,12 +212,12 @@ func execSQL(t *testing.T, db *pgxpool.Pool, sql string, args ...any) {
 }
 
 // queryInt runs a query that returns one integer.
-func queryInt(t *testing.T, db *pgxpool.Pool, sql string, args ...any) int64 {
+func queryInt(t *testing.T, db *pgxpool.Pool, sql string) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var n int64
-	require.NoError(t, db.QueryRow(ctx, sql, args...).Scan(&n), "%s", sql)
+	require.NoError(t, db.QueryRow(ctx, sql).Scan(&n), "%s", sql)
 	return n
 }
 

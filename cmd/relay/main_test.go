@@ -6,18 +6,17 @@ package main
 // and Redis servers of internal/testenv.
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -83,28 +82,10 @@ func relayEnv(kv ...string) []string {
 	return append(env, kv...)
 }
 
-// syncBuffer collects a process's output; safe to read while it is written.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // relayProc is a running (or finished) relay process.
 type relayProc struct {
 	cmd            *exec.Cmd
-	stdout, stderr *syncBuffer
+	stdout, stderr *syncbuf.Buffer
 	started        time.Time
 	done           chan struct{} // closed when the process has exited
 	waitErr        error         // set before done is closed
@@ -116,7 +97,7 @@ type relayProc struct {
 // when the test failed.
 func startRelay(t *testing.T, env []string, args ...string) *relayProc {
 	t.Helper()
-	p := &relayProc{stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
+	p := &relayProc{stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{}, done: make(chan struct{})}
 	p.cmd = &exec.Cmd{
 		Path:   relayBin,
 		Args:   append([]string{"relay"}, args...),

@@ -85,7 +85,8 @@ func (o *runOptions) validate() error {
 	}{
 		{"--poll-interval", o.pollInterval}, {"--busy-poll-interval", o.busyPollInterval},
 		{"--publish-timeout", o.publishTimeout}, {"--statement-timeout", o.statementTimeout},
-		{"--lock-timeout", o.lockTimeout}, {"--missing-table-retry-interval", o.missingTableRetry}, {"--idle-in-transaction-timeout", o.idleInTxTimeout},
+		{"--lock-timeout", o.lockTimeout}, {"--missing-table-retry-interval", o.missingTableRetry},
+		{"--idle-in-transaction-timeout", o.idleInTxTimeout},
 	} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s %s: must be positive", d.flag, d.v))

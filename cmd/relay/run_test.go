@@ -40,12 +40,12 @@ func TestRunDrainsAndExitsZeroOnSIGTERM(t *testing.T) {
 	ids := insertEvents(t, db, 1234)
 
 	r := startRun(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+rs.URL()))
-	waitUntil(t, r.relayProc, waitTimeout, "every row in the stream", func() bool {
+	waitUntil(t, r.relayProc, "every row in the stream", func() bool {
 		return streamLen(rdb, "jobs") == int64(len(ids))
 	})
-	waitUntil(t, r.relayProc, waitTimeout, "ready", func() bool { return r.readyz(t) == http.StatusOK })
+	waitUntil(t, r.relayProc, "ready", func() bool { return r.readyz() == http.StatusOK })
 	// The last batch is in the stream before its commit: wait for the commit.
-	waitUntil(t, r.relayProc, waitTimeout, "every row marked dispatched", func() bool { return pending(t, db) == 0 })
+	waitUntil(t, r.relayProc, "every row marked dispatched", func() bool { return pending(t, db) == 0 })
 
 	entries := readStream(t, rdb, "jobs")
 	require.Equal(t, ids, eventIDs(entries), "each row once, in created_at order")
@@ -81,7 +81,7 @@ func TestRunReadsFlagsFromEnvironment(t *testing.T) {
 		r := startRun(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+redisURL,
 			"RELAY_STREAM="+stream, "RELAY_BATCH_SIZE=7"))
 
-		waitUntil(t, r.relayProc, waitTimeout, "20 events published", func() bool {
+		waitUntil(t, r.relayProc, "20 events published", func() bool {
 			v, _ := r.metric(t, "outbox_relay_events_published_total")
 			return v == 20
 		})
@@ -104,7 +104,7 @@ func TestRunReadsFlagsFromEnvironment(t *testing.T) {
 			"RELAY_STREAM="+envStream, "RELAY_BATCH_SIZE=7"),
 			"--stream", flagStream, "--batch-size=4")
 
-		waitUntil(t, r.relayProc, waitTimeout, "10 events published", func() bool {
+		waitUntil(t, r.relayProc, "10 events published", func() bool {
 			v, _ := r.metric(t, "outbox_relay_events_published_total")
 			return v == 10
 		})
@@ -204,7 +204,7 @@ func TestRunReportsMissingTableWithoutLeakingPassword(t *testing.T) {
 
 	r := startRun(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+redisURL), "--stream", stream,
 		"--missing-table-retry-interval", "200ms")
-	waitUntil(t, r.relayProc, waitTimeout, "the missing table in the log", func() bool {
+	waitUntil(t, r.relayProc, "the missing table in the log", func() bool {
 		return strings.Contains(r.stderr.String(), "Outbox table not found")
 	})
 	line, ok := findLog(r.stderr.String(), "Outbox table not found, retrying")
@@ -237,13 +237,13 @@ func TestRunReportsMissingTableWithoutLeakingPassword(t *testing.T) {
 	execSQL(t, adminDB, ddl+`
 		GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_events TO "`+user+`";
 		INSERT INTO outbox_events (event_type, payload) VALUES ('a', '1'), ('b', '2'), ('c', '3');`)
-	waitUntil(t, r.relayProc, waitTimeout, "ready once the table exists", func() bool {
-		return r.readyz(t) == http.StatusOK
+	waitUntil(t, r.relayProc, "ready once the table exists", func() bool {
+		return r.readyz() == http.StatusOK
 	})
-	waitUntil(t, r.relayProc, waitTimeout, "the rows published", func() bool {
+	waitUntil(t, r.relayProc, "the rows published", func() bool {
 		return streamLen(rdb, stream) == 3
 	})
-	waitUntil(t, r.relayProc, waitTimeout, "published counted", func() bool {
+	waitUntil(t, r.relayProc, "published counted", func() bool {
 		v, _ := r.metric(t, "outbox_relay_events_published_total")
 		return v == 3
 	})
@@ -264,7 +264,7 @@ func TestRunSurvivesRedisOutage(t *testing.T) {
 
 	r := startRun(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+rs.URL()),
 		"--publish-timeout=1s", "--stream=events")
-	waitUntil(t, r.relayProc, waitTimeout, "three failed passes on Redis", func() bool {
+	waitUntil(t, r.relayProc, "three failed passes on Redis", func() bool {
 		v, _ := r.metric(t, `outbox_relay_errors_total{kind="redis"}`)
 		return v >= 3
 	})
@@ -277,10 +277,10 @@ func TestRunSurvivesRedisOutage(t *testing.T) {
 
 	rs.Start(t)
 	rdb := redisClient(t, rs.URL())
-	waitUntil(t, r.relayProc, waitTimeout, "backlog drained after Redis came back", func() bool {
+	waitUntil(t, r.relayProc, "backlog drained after Redis came back", func() bool {
 		return pending(t, db) == 0
 	})
-	waitUntil(t, r.relayProc, waitTimeout, "ready again", func() bool { return r.readyz(t) == http.StatusOK })
+	waitUntil(t, r.relayProc, "ready again", func() bool { return r.readyz() == http.StatusOK })
 	require.Equal(t, ids, eventIDs(readStream(t, rdb, "events")), "each row once, in order")
 	_, recovered := findLog(r.stderr.String(), "Relay recovered")
 	require.True(t, recovered, "recovery is logged:\n%s", r.stderr)
@@ -292,7 +292,7 @@ func TestRunStopsOnSIGTERMWhileRetrying(t *testing.T) {
 	t.Parallel()
 	dsn := testenv.Postgres(t) // no outbox table: the relay waits 30s between tries
 	r := startRun(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+testenv.Redis(t)))
-	waitUntil(t, r.relayProc, waitTimeout, "the missing table in the log", func() bool {
+	waitUntil(t, r.relayProc, "the missing table in the log", func() bool {
 		return strings.Contains(r.stderr.String(), "Outbox table not found")
 	})
 	sigterm(t, r.relayProc)
@@ -311,14 +311,14 @@ func TestRunWakesOnNotify(t *testing.T) {
 	// over within the wait below.
 	r := startRun(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+redisURL),
 		"--stream", stream, "--poll-interval=1h", "--busy-poll-interval=1h")
-	waitUntil(t, r.relayProc, waitTimeout, "the listener", func() bool {
+	waitUntil(t, r.relayProc, "the listener", func() bool {
 		_, ok := findLog(r.stderr.String(), "Listening for NOTIFY")
 		return ok
 	})
-	waitUntil(t, r.relayProc, waitTimeout, "a first pass", func() bool { return r.readyz(t) == http.StatusOK })
+	waitUntil(t, r.relayProc, "a first pass", func() bool { return r.readyz() == http.StatusOK })
 	for i := 1; i <= 3; i++ {
 		ids := insertEvents(t, db, 1)
-		waitUntil(t, r.relayProc, waitTimeout, "the row relayed on NOTIFY", func() bool {
+		waitUntil(t, r.relayProc, "the row relayed on NOTIFY", func() bool {
 			return streamLen(rdb, stream) == int64(i)
 		})
 		entries := readStream(t, rdb, stream)

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/orders"
+	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -48,7 +48,7 @@ func TestWorkerEmailsAnOrderAndStopsOnSIGTERM(t *testing.T) {
 		"DATABASE_URL": dsn, "REDIS_URL": redisURL, "POD_NAME": "worker-0",
 	}), func(a string) { addr <- a })
 	cmd.SetArgs([]string{"--stream", stream, "--block", "50ms", "--health-probe-bind-address", "127.0.0.1:0"})
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	cmd.SetErr(&logs)
 	go func() { done <- cmd.ExecuteContext(runCtx) }()
 	probes := "http://" + <-addr
@@ -62,7 +62,7 @@ func TestWorkerEmailsAnOrderAndStopsOnSIGTERM(t *testing.T) {
 		if err != nil {
 			return false
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}, 60*time.Second, 10*time.Millisecond)
 	consumers, err := rdb.XInfoConsumers(ctx, stream, "workers").Result()
@@ -110,22 +110,4 @@ func TestWorkerRefusesAnInvalidConfig(t *testing.T) {
 	err := cmd.ExecuteContext(context.Background())
 	require.ErrorContains(t, err, "dead-letter stream must differ")
 	require.True(t, strings.Contains(err.Error(), "invalid identifier"), err.Error())
-}
-
-// syncBuffer is a log sink safe for the worker's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -16,6 +16,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -83,12 +84,12 @@ func ints(s string) ([]int, error) {
 	return out, nil
 }
 
-func run(ctx context.Context, o options) error {
+func run(ctx context.Context, o options) (err error) {
 	tmp, err := os.MkdirTemp("", "outbox-bench-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() { _ = os.RemoveAll(tmp) }() // best effort
 	if o.relayBin == "" {
 		o.relayBin = filepath.Join(tmp, "relay")
 		logf("building relay")
@@ -104,12 +105,12 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
+	defer func() { err = errors.Join(err, pg.Close()) }()
 	rs, err := testenv.LaunchRedis()
 	if err != nil {
 		return err
 	}
-	defer rs.Close()
+	defer func() { err = errors.Join(err, rs.Close()) }()
 
 	env, err := newBenchEnv(ctx, pg.DSN(), rs.URL(), o.relayBin)
 	if err != nil {
@@ -165,7 +166,9 @@ func run(ctx context.Context, o options) error {
 		report.latency = append(report.latency, res)
 		logf("latency, %d events/s offered, notify=%t: p50 %s p99 %s", o.rate, notify, res.p50, res.p99)
 	}
-	report.print(os.Stdout)
+	if err := report.print(os.Stdout); err != nil {
+		return err
+	}
 	if o.chart != "" {
 		if err := report.chart(o.chart); err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -20,34 +21,39 @@ type report struct {
 	latency    []latencyResult
 }
 
-func (r *report) print(w io.Writer) {
-	fmt.Fprintf(w, "\nMachine: %s\n\n", r.machine)
-	fmt.Fprintf(w, "Raw claim rate (PostgreSQL alone: claim statement + commit, no Redis), %d rows:\n\n", r.rows)
-	fmt.Fprintln(w, "| connections | batch | rows/s |")
-	fmt.Fprintln(w, "| ---: | ---: | ---: |")
+// print writes the report to w in one write: the tables are built in memory.
+func (r *report) print(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nMachine: %s\n\n", r.machine)
+	fmt.Fprintf(&b, "Raw claim rate (PostgreSQL alone: claim statement + commit, no Redis), %d rows:\n\n", r.rows)
+	fmt.Fprintln(&b, "| connections | batch | rows/s |")
+	fmt.Fprintln(&b, "| ---: | ---: | ---: |")
 	for _, x := range r.raw {
-		fmt.Fprintf(w, "| %d | %d | %.0f |\n", x.conns, x.batch, x.rate)
+		fmt.Fprintf(&b, "| %d | %d | %.0f |\n", x.conns, x.batch, x.rate)
 	}
-	fmt.Fprintf(w, "\nRelay throughput, %d rows drained by `relay run` (median of runs; \"of raw\" compares with the raw claim rate\n"+
+	fmt.Fprintf(&b, "\nRelay throughput, %d rows drained by `relay run` (median of runs; \"of raw\" compares with the raw claim rate\n"+
 		"measured right before each run with the same batch size, on as many connections as relay processes):\n\n", r.rows)
-	fmt.Fprintln(w, "| batch | processes | in flight | events/s | of raw claim rate | peak RSS (MiB) |")
-	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintln(&b, "| batch | processes | in flight | events/s | of raw claim rate | peak RSS (MiB) |")
+	fmt.Fprintln(&b, "| ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, x := range r.throughput {
-		fmt.Fprintf(w, "| %d | %d | %d | %.0f | %.0f%% | %.1f |\n", x.batch, x.procs, x.inFlight, x.rate,
+		fmt.Fprintf(&b, "| %d | %d | %d | %.0f | %.0f%% | %.1f |\n", x.batch, x.procs, x.inFlight, x.rate,
 			100*x.ofRaw, x.rssMiB)
 	}
-	fmt.Fprintf(w, "\nLatency from commit of the outbox row to the entry in the stream, one relay, default flags, after a %s warm-up:\n", warmUp)
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| wake-up | offered ev/s | achieved ev/s | events | p50 | p99 | max | peak RSS (MiB) |")
-	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintf(&b, "\nLatency from commit of the outbox row to the entry in the stream, one relay, default flags, "+
+		"after a %s warm-up:\n", warmUp)
+	fmt.Fprintln(&b)
+	fmt.Fprintln(&b, "| wake-up | offered ev/s | achieved ev/s | events | p50 | p99 | max | peak RSS (MiB) |")
+	fmt.Fprintln(&b, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, x := range r.latency {
 		mode := "polling"
 		if x.notify {
 			mode = "NOTIFY trigger"
 		}
-		fmt.Fprintf(w, "| %s | %d | %.0f | %d | %s | %s | %s | %.1f |\n", mode, x.offered, x.achieved, x.events,
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %d | %s | %s | %s | %.1f |\n", mode, x.offered, x.achieved, x.events,
 			ms(x.p50), ms(x.p99), ms(x.max), x.rssMiB)
 	}
+	_, err := io.WriteString(w, b.String())
+	return err
 }
 
 func ms(d time.Duration) string {

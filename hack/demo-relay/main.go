@@ -9,6 +9,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -29,12 +30,12 @@ func main() {
 	}
 }
 
-func run(ctx context.Context) error {
+func run(ctx context.Context) (err error) {
 	tmp, err := os.MkdirTemp("", "outbox-demo-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() { _ = os.RemoveAll(tmp) }() // best effort
 	bin := filepath.Join(tmp, "relay")
 	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/relay").CombinedOutput(); err != nil {
 		return fmt.Errorf("building relay: %w\n%s", err, out)
@@ -43,12 +44,12 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
+	defer func() { err = errors.Join(err, pg.Close()) }()
 	rs, err := testenv.LaunchRedis()
 	if err != nil {
 		return err
 	}
-	defer rs.Close()
+	defer func() { err = errors.Join(err, rs.Close()) }()
 	env := append(os.Environ(), "DATABASE_URL="+pg.DSN(), "REDIS_URL="+rs.URL())
 	relay := func(args ...string) *exec.Cmd {
 		c := exec.Command(bin, args...)
@@ -67,7 +68,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close(ctx)
+	defer func() { _ = conn.Close(ctx) }()
 	for i, email := range []string{"ada@example.com", "grace@example.com", "edsger@example.com"} {
 		payload := fmt.Sprintf(`{"order_id": "%d", "customer_email": "%s", "amount": "19.99"}`, 1001+i, email)
 		if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (event_type, payload) VALUES ('order_created', $1)`, payload); err != nil {
@@ -85,7 +86,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	rdb := redis.NewClient(must(redis.ParseURL(rs.URL())))
-	defer rdb.Close()
+	defer func() { _ = rdb.Close() }()
 	deadline := time.Now().Add(30 * time.Second)
 	for n := int64(0); n < 3 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		n, _ = rdb.XLen(ctx, "jobs").Result()

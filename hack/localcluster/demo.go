@@ -57,7 +57,8 @@ func demoServicesCmd(args []string) error {
 		if err != nil {
 			return err
 		}
-		if _, err := supervise.Start(supervise.Spec{Name: demoServices, Path: self, Args: []string{"demo-services-run", "--state-dir", s.StateDir}}, s.PidDir(), s.LogDir()); err != nil {
+		spec := supervise.Spec{Name: demoServices, Path: self, Args: []string{"demo-services-run", "--state-dir", s.StateDir}}
+		if _, err := supervise.Start(spec, s.PidDir(), s.LogDir()); err != nil {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "Starting PostgreSQL and Redis on the host (log: %s) ...\n", filepath.Join(s.LogDir(), demoServices+".log"))
@@ -81,7 +82,7 @@ func demoServicesCmd(args []string) error {
 }
 
 // demoServicesRun is the detached process: it runs the servers until SIGTERM.
-func demoServicesRun(args []string) error {
+func demoServicesRun(args []string) (err error) {
 	fs := flag.NewFlagSet("demo-services-run", flag.ExitOnError)
 	dir := stateFlag(fs)
 	_ = fs.Parse(args)
@@ -95,12 +96,12 @@ func demoServicesRun(args []string) error {
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
+	defer func() { err = errors.Join(err, pg.Close()) }()
 	rd, err := testenv.LaunchRedis(testenv.WithAppendOnly())
 	if err != nil {
 		return err
 	}
-	defer rd.Close()
+	defer func() { err = errors.Join(err, rd.Close()) }()
 	ep, err := prepareDemoServers(ctx, pg.DSN(), rd.URL())
 	if err != nil {
 		return err
@@ -131,7 +132,7 @@ func prepareDemoServers(ctx context.Context, dsn, redisURL string) (demoEndpoint
 	if err != nil {
 		return ep, err
 	}
-	defer conn.Close(ctx)
+	defer func() { _ = conn.Close(ctx) }()
 	for _, stmt := range []string{
 		fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", pgx.Identifier{demoDBUser}.Sanitize(), demoPassword),
 		fmt.Sprintf("CREATE DATABASE %s OWNER %s", pgx.Identifier{demoDBName}.Sanitize(), pgx.Identifier{demoDBUser}.Sanitize()),
@@ -149,7 +150,7 @@ func prepareDemoServers(ctx context.Context, dsn, redisURL string) (demoEndpoint
 		return ep, err
 	}
 	rc := redis.NewClient(opts)
-	defer rc.Close()
+	defer func() { _ = rc.Close() }()
 	if err := rc.ConfigSet(ctx, "requirepass", demoPassword).Err(); err != nil {
 		return ep, errors.Join(errors.New("setting the Redis password"), err)
 	}

@@ -90,7 +90,8 @@ func up(args []string) error {
 	fs := flag.NewFlagSet("up", flag.ExitOnError)
 	dir := stateFlag(fs)
 	repo := fs.String("repo", ".", "the checkout to build the binaries from")
-	assets := fs.String("assets", "", "dir of etcd, kube-apiserver, kube-controller-manager, kube-scheduler ($"+cluster.EnvAssets+"; default: hack/setup-envtest.sh --with-control-plane)")
+	assets := fs.String("assets", "", "dir of etcd, kube-apiserver, kube-controller-manager, kube-scheduler "+
+		"($"+cluster.EnvAssets+"; default: hack/setup-envtest.sh --with-control-plane)")
 	podCIDR := fs.String("pod-cidr", "", "pod address range (default 10.244.0.0/16)")
 	bridge := fs.String("bridge", "", "name of the pod bridge, at most 5 characters (default obx0)")
 	_ = fs.Parse(args)
@@ -110,7 +111,8 @@ func up(args []string) error {
 		}
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "The local cluster is up (%s): API server %s, node %s.\n", time.Since(start).Round(100*time.Millisecond), s.Server(), s.NodeName)
+	fmt.Fprintf(os.Stderr, "The local cluster is up (%s): API server %s, node %s.\n",
+		time.Since(start).Round(100*time.Millisecond), s.Server(), s.NodeName)
 	fmt.Printf("KUBECONFIG=%s\n", s.Kubeconfig())
 	return nil
 }

@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,6 +35,7 @@ import (
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -58,9 +57,9 @@ const testBacklogTimeout = 5 * time.Second
 // manager running the OutboxRelay controller against them.
 type suite struct {
 	cfg     *rest.Config
-	c       client.Client // uncached
-	cache   client.Reader // the manager's cache
-	logs    *syncBuffer   // everything the manager logged
+	c       client.Client   // uncached
+	cache   client.Reader   // the manager's cache
+	logs    *syncbuf.Buffer // everything the manager logged
 	metrics *prometheus.Registry
 }
 
@@ -114,7 +113,7 @@ func startAPIServer(t testing.TB) (*envtest.Environment, *rest.Config) {
 func startSuite(t *testing.T) *suite {
 	t.Helper()
 	_, cfg := startAPIServer(t)
-	s := &suite{cfg: cfg, logs: &syncBuffer{}, metrics: prometheus.NewRegistry()}
+	s := &suite{cfg: cfg, logs: &syncbuf.Buffer{}, metrics: prometheus.NewRegistry()}
 	scheme := newTestScheme()
 	var err error
 	s.c, err = client.New(cfg, client.Options{Scheme: scheme})
@@ -162,24 +161,6 @@ func startSuite(t *testing.T) *suite {
 		}
 	})
 	return s
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // namespace creates a namespace for one test.

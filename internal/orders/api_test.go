@@ -55,7 +55,7 @@ func TestGetOrder(t *testing.T) {
 
 	resp, err := http.Get(b.server.URL + "/orders/" + created["order_id"])
 	require.NoError(t, err)
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	var o Order
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&o))
@@ -67,7 +67,7 @@ func TestGetOrder(t *testing.T) {
 		resp, err := http.Get(b.server.URL + "/orders/" + id)
 		require.NoError(t, err)
 		body := decodeBody(t, resp)
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		require.Equal(t, http.StatusNotFound, resp.StatusCode, id)
 		require.Equal(t, "order not found", body["error"])
 	}
@@ -122,13 +122,13 @@ func TestEveryBadInputGets400AndWritesNothing(t *testing.T) {
 		strings.NewReader(`{"customer_email": "reader@example.com", "amount": "19.99", "x": "`+strings.Repeat("a", MaxBodyBytes)+`"}`))
 	require.NoError(t, err)
 	body := decodeBody(t, resp)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
 	require.Contains(t, body["error"], "larger than 16 KiB")
 
 	resp, err = http.Get(b.server.URL + "/orders")
 	require.NoError(t, err)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
 
 	require.Zero(t, b.count(t, "orders"))
@@ -186,7 +186,7 @@ func TestProbes(t *testing.T) {
 	get := func(path string) (int, map[string]string) {
 		resp, err := http.Get(b.server.URL + path)
 		require.NoError(t, err)
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		return resp.StatusCode, decodeBody(t, resp)
 	}
 	status, _ := get("/healthz")

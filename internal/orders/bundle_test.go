@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	ioutbox "github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 	"github.com/outbox-dev/outbox-operator/pkg/consumer"
 )
@@ -30,7 +30,7 @@ type testBundle struct {
 	server *httptest.Server
 	rdb    *redis.Client
 	stream string
-	logs   *syncBuffer
+	logs   *syncbuf.Buffer
 	log    *slog.Logger
 }
 
@@ -58,7 +58,7 @@ func setup(t *testing.T, o bundleOpts) *testBundle {
 	rdb := redis.NewClient(ropts)
 	t.Cleanup(func() { _ = rdb.Close() })
 
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	store := NewStore(db)
 	server := httptest.NewServer(NewAPI(store, log).Handler())
@@ -72,7 +72,7 @@ func (b *testBundle) post(t *testing.T, body string) (int, map[string]string) {
 	t.Helper()
 	resp, err := http.Post(b.server.URL+"/orders", "application/json", strings.NewReader(body))
 	require.NoError(t, err)
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	return resp.StatusCode, decodeBody(t, resp)
 }
 
@@ -137,22 +137,4 @@ func runInBackground(t *testing.T, fn func(context.Context) error) {
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	require.Eventually(t, cond, 120*time.Second, 10*time.Millisecond, "waiting for: %s", what)
-}
-
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -110,7 +110,7 @@ func createdOrderID(t *testing.T, resp *http.Response, err error) (string, bool)
 		t.Errorf("POST /orders: %v", err)
 		return "", false
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	raw, _ := io.ReadAll(resp.Body)
 	var body map[string]string
 	if resp.StatusCode != http.StatusCreated || json.Unmarshal(raw, &body) != nil || body["order_id"] == "" {

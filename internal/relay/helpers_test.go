@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,24 +28,6 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func testutilCounter(c prometheus.Collector) float64 { return testutil.ToFloat64(c) }
-
-// syncBuffer is a log sink safe for the relay's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // newTestLogger logs text at debug level to w.
 func newTestLogger(w io.Writer) *slog.Logger {

@@ -39,7 +39,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	}
 	// A connection that has run LISTEN must not return to the pool.
 	pc := conn.Hijack()
-	defer pc.Close(context.WithoutCancel(ctx))
+	defer func() { _ = pc.Close(context.WithoutCancel(ctx)) }()
 	if _, err := pc.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.Table.Channel()}.Sanitize()); err != nil {
 		return err
 	}

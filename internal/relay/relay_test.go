@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -290,7 +291,7 @@ func TestEveryEntryRefusedIsRetriedNotDeadLettered(t *testing.T) {
 func TestMissingTableIsReportedAndRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{ddl: "SELECT 1"})
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	r := b.newRelay(t, Config{Logger: newTestLogger(&logs), MissingTableBackoff: 20 * time.Millisecond})
 	_, err := r.runOnce(context.Background())
 	require.ErrorIs(t, err, outbox.ErrTableNotFound)

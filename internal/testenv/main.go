@@ -88,7 +88,7 @@ func stopAll() error {
 	}
 	live.Unlock()
 
-	var errs []error
+	errs := make([]error, 0, len(servers))
 	for _, c := range servers {
 		errs = append(errs, c.close())
 	}

@@ -242,16 +242,7 @@ func (s *pgServer) startOnFreePort() error {
 	if s.closed {
 		return errors.New("postgres: server closed while starting")
 	}
-	var err error
-	for range 5 {
-		if s.port, err = freePort(); err != nil {
-			return err
-		}
-		if err = s.startLocked(); !errors.Is(err, errPortTaken) {
-			return err
-		}
-	}
-	return err
+	return startOnFreePort(&s.port, s.startLocked)
 }
 
 // restart starts a stopped server on the port it had, waiting a little for the
@@ -265,20 +256,14 @@ func (s *pgServer) restart() error {
 	if s.proc != nil {
 		return fmt.Errorf("postgres on port %d (pid %d) is running already", s.port, s.proc.pid())
 	}
-	var err error
-	for range 10 {
-		if err = s.startLocked(); !errors.Is(err, errPortTaken) {
-			return err
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	return err
+	return restartOnSamePort(s.startLocked)
 }
 
 // startLocked starts postgres on s.port and waits until it accepts connections.
 func (s *pgServer) startLocked() error {
 	offset := logSize(s.logPath)
-	args := []string{"-D", s.dataDir, "-p", strconv.Itoa(s.port), "-k", s.dir}
+	args := make([]string, 0, 6+2*len(pgServerSettings))
+	args = append(args, "-D", s.dataDir, "-p", strconv.Itoa(s.port), "-k", s.dir)
 	for _, setting := range pgServerSettings {
 		args = append(args, "-c", setting)
 	}
@@ -371,7 +356,7 @@ func ping(dsn string) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	return conn.Ping(ctx)
 }
 
@@ -383,7 +368,7 @@ func execAdmin(dsn, sqlFormat, ident string) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	_, err = conn.Exec(ctx, fmt.Sprintf(sqlFormat, pgx.Identifier{ident}.Sanitize()))
 	return err
 }

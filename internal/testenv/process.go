@@ -96,6 +96,34 @@ func freePort() (int, error) {
 	return 0, errors.New("finding a free port: no new port after 50 tries")
 }
 
+// startOnFreePort sets *port to a free port and calls start, up to five times:
+// on another free port each time start finds its port taken (errPortTaken).
+func startOnFreePort(port *int, start func() error) error {
+	var err error
+	for range 5 {
+		if *port, err = freePort(); err != nil {
+			return err
+		}
+		if err = start(); !errors.Is(err, errPortTaken) {
+			return err
+		}
+	}
+	return err
+}
+
+// restartOnSamePort calls start up to ten times, half a second apart, while it
+// finds its port taken, in case another process grabbed the port meanwhile.
+func restartOnSamePort(start func() error) error {
+	var err error
+	for range 10 {
+		if err = start(); !errors.Is(err, errPortTaken) {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return err
+}
+
 // runAs is the user a server runs as: the current one (nil), or, when the tests
 // run as root, the "postgres" user, because initdb and postgres refuse root.
 type runAs struct {
@@ -151,7 +179,7 @@ func startProcess(name string, args []string, dir, logPath string, as *runAs, de
 	if err != nil {
 		return nil, fmt.Errorf("opening log: %w", err)
 	}
-	defer logFile.Close() // the child keeps its own descriptor
+	defer func() { _ = logFile.Close() }() // the child keeps its own descriptor
 	if uid, gid := as.ids(); uid != -1 {
 		_ = logFile.Chown(uid, gid)
 	}
@@ -221,7 +249,7 @@ func logTail(path string, offset int64) string {
 	if err != nil {
 		return fmt.Sprintf("\t(no log: %v)", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	size := logSize(path)
 	if size-offset > maxBytes {
 		offset = size - maxBytes

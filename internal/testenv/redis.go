@@ -167,16 +167,7 @@ func (s *redisServer) startOnFreePort() error {
 	if s.closed {
 		return errors.New("redis: server closed while starting")
 	}
-	var err error
-	for range 5 {
-		if s.port, err = freePort(); err != nil {
-			return err
-		}
-		if err = s.startLocked(); !errors.Is(err, errPortTaken) {
-			return err
-		}
-	}
-	return err
+	return startOnFreePort(&s.port, s.startLocked)
 }
 
 func (s *redisServer) restart() error {
@@ -188,14 +179,7 @@ func (s *redisServer) restart() error {
 	if s.proc != nil {
 		return fmt.Errorf("redis on port %d (pid %d) is running already", s.port, s.proc.pid())
 	}
-	var err error
-	for range 10 {
-		if err = s.startLocked(); !errors.Is(err, errPortTaken) {
-			return err
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	return err
+	return restartOnSamePort(s.startLocked)
 }
 
 // startLocked starts redis-server on s.port and waits until it answers PING.
@@ -255,7 +239,7 @@ func redisPing(addr string) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
 	if _, err := conn.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
 		return err

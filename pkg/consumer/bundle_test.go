@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -234,24 +233,6 @@ func (r *recorder) all() []Message {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]Message(nil), r.messages...)
-}
-
-// syncBuffer is a log sink safe for the consumer's goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func newTestLogger(w io.Writer) *slog.Logger {

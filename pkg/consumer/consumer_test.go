@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -20,7 +21,7 @@ func TestEachEntryIsHandledOnceAndAcknowledged(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
 	// Published before the group exists: the group starts at the beginning.
-	var ids []string
+	ids := make([]string, 0, 50)
 	for i := range 50 {
 		ids = append(ids, b.publish(t, fmt.Sprintf("e%d", i), "order_created", fmt.Sprintf(`{"n":%d}`, i)))
 	}
@@ -44,7 +45,7 @@ func TestEachEntryIsHandledOnceAndAcknowledged(t *testing.T) {
 func TestDuplicateEventIsAcknowledgedWithoutRunningTheHandler(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	c := b.newConsumer(t, Config{Logger: newTestLogger(&logs)})
 	// The relay republishes after a crash: same event, new entry.
 	b.publish(t, "e1", "order_created", "{}")
@@ -106,7 +107,7 @@ func TestConsumerKilledBeforeItsAckIsReclaimedAndNotProcessedAgain(t *testing.T)
 	require.Equal(t, "a", pend[0].Consumer)
 
 	// Consumer b reclaims it once it has been idle for MinIdle.
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	bc := b.newConsumer(t, Config{Consumer: "b", MinIdle: 50 * time.Millisecond, ClaimInterval: 20 * time.Millisecond,
 		Logger: newTestLogger(&logs)})
 	run(t, bc)

@@ -60,7 +60,7 @@ func ExampleWrite() {
 	if err != nil {
 		panic(err)
 	}
-	defer tx.Rollback(ctx) // a no-op after Commit
+	defer func() { _ = tx.Rollback(ctx) }() // a no-op after Commit
 
 	var orderID string
 	if err := tx.QueryRow(ctx, `INSERT INTO orders (customer_email, amount) VALUES ($1, $2) RETURNING id`,

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -124,7 +125,8 @@ func (s *State) PodsDir() string { return filepath.Join(s.StateDir, "pods") }
 
 // Network describes the pod network for package netns.
 func (s *State) Network() netns.Network {
-	return netns.Network{Bridge: s.Bridge, Prefix: s.NetnsPrefix, CIDR: s.PodCIDR, Gateway: s.Gateway, ServiceCIDR: s.ServiceCIDR, ServiceAddress: s.ServiceAddress}
+	return netns.Network{Bridge: s.Bridge, Prefix: s.NetnsPrefix, CIDR: s.PodCIDR, Gateway: s.Gateway,
+		ServiceCIDR: s.ServiceCIDR, ServiceAddress: s.ServiceAddress}
 }
 
 func newState(o Options) (*State, error) {
@@ -236,15 +238,15 @@ func Up(ctx context.Context, o Options) (*State, error) {
 	// new pods get the new ones.
 	if !o.SkipBuild {
 		start := time.Now()
-		fmt.Fprintf(out, "Building the binaries into %s ...\n", s.BinDir)
+		_, _ = fmt.Fprintf(out, "Building the binaries into %s ...\n", s.BinDir)
 		if err := build(ctx, s.RepoDir, s.BinDir); err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(out, "Built in %s.\n", time.Since(start).Round(100*time.Millisecond))
+		_, _ = fmt.Fprintf(out, "Built in %s.\n", time.Since(start).Round(100*time.Millisecond))
 	}
 	started, err := controlplane.Start(ctx, s.Config)
 	for _, name := range started {
-		fmt.Fprintf(out, "Started %s (log: %s).\n", name, filepath.Join(s.LogDir(), name+".log"))
+		_, _ = fmt.Fprintf(out, "Started %s (log: %s).\n", name, filepath.Join(s.LogDir(), name+".log"))
 	}
 	if err != nil {
 		return s, err
@@ -258,7 +260,7 @@ func Up(ctx context.Context, o Options) (*State, error) {
 			return s, err
 		}
 		nodePid = pid
-		fmt.Fprintf(out, "Started the node %s (pid %d, log: %s).\n", s.NodeName, pid, filepath.Join(s.LogDir(), NodeProcess+".log"))
+		_, _ = fmt.Fprintf(out, "Started the node %s (pid %d, log: %s).\n", s.NodeName, pid, filepath.Join(s.LogDir(), NodeProcess+".log"))
 	}
 	if err := waitNodeReady(ctx, s, nodePid); err != nil {
 		return s, err
@@ -347,13 +349,16 @@ func Status(s *State) map[string]bool {
 // the control plane by pid, stops any pod process the node left behind, removes
 // the pod network and, unless keepState, the state dir.
 func Down(s *State, keepState bool) error {
-	var errs []error
-	errs = append(errs, supervise.Stop(s.NodePidFile(), 60*time.Second))
-	errs = append(errs, stopLeftoverPods(s))
-	errs = append(errs, controlplane.Stop(s.Config))
-	errs = append(errs, netns.Teardown(s.Network()))
-	// Extra processes the demo recorded (its PostgreSQL and Redis).
+	errs := []error{
+		supervise.Stop(s.NodePidFile(), 60*time.Second),
+		stopLeftoverPods(s),
+		controlplane.Stop(s.Config),
+		netns.Teardown(s.Network()),
+	}
+	// Extra processes the demo recorded (its PostgreSQL and Redis), listed after
+	// the stops above, which remove the pid files of what they stopped.
 	extra, _ := filepath.Glob(filepath.Join(s.PidDir(), "*.pid"))
+	errs = slices.Grow(errs, len(extra))
 	for _, f := range extra {
 		errs = append(errs, supervise.Stop(f, 30*time.Second))
 	}
@@ -370,7 +375,7 @@ func Down(s *State, keepState bool) error {
 // happens only when the node process died without stopping them.
 func stopLeftoverPods(s *State) error {
 	files, _ := filepath.Glob(filepath.Join(s.PodsDir(), "*", "*.pid"))
-	var errs []error
+	errs := make([]error, 0, len(files))
 	for _, f := range files {
 		errs = append(errs, supervise.Stop(f, 5*time.Second))
 	}

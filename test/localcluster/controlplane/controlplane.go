@@ -45,6 +45,10 @@ const (
 	KubeconfigNode              = "node"
 )
 
+// systemMasters is the group the API server grants every permission; the
+// clients of the control plane and the local admin belong to it.
+const systemMasters = "system:masters"
+
 // Config is the control plane's shape. Ports are chosen once (FreePort) and
 // kept in the cluster's state so that a restart reuses them.
 type Config struct {
@@ -84,15 +88,16 @@ func (c Config) Certs() []pki.Cert {
 		{Name: "apiserver", CommonName: "kube-apiserver", Server: true,
 			DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
 			IPs:      []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(c.ServiceIP)}},
-		{Name: "apiserver-kubelet-client", CommonName: "kube-apiserver-kubelet-client", Organizations: []string{"system:masters"}, Client: true},
-		{Name: "admin", CommonName: "local-admin", Organizations: []string{"system:masters"}, Client: true},
+		{Name: "apiserver-kubelet-client", CommonName: "kube-apiserver-kubelet-client", Organizations: []string{systemMasters}, Client: true},
+		{Name: "admin", CommonName: "local-admin", Organizations: []string{systemMasters}, Client: true},
 		{Name: KubeconfigControllerManager, CommonName: "system:kube-controller-manager", Client: true},
 		{Name: KubeconfigScheduler, CommonName: "system:kube-scheduler", Client: true},
 		// The node runs as a cluster admin, not as system:node:<name>: its informers
 		// list Secrets, ConfigMaps and Services cluster-wide, which the Node
 		// authorizer does not grant (docs/local-cluster.md).
-		{Name: KubeconfigNode, CommonName: "system:node-admin:" + c.NodeName, Organizations: []string{"system:masters"}, Client: true},
-		{Name: "kubelet", CommonName: c.NodeName, Server: true, DNSNames: []string{"localhost", c.NodeName}, IPs: []net.IP{net.ParseIP("127.0.0.1")}},
+		{Name: KubeconfigNode, CommonName: "system:node-admin:" + c.NodeName, Organizations: []string{systemMasters}, Client: true},
+		{Name: "kubelet", CommonName: c.NodeName, Server: true,
+			DNSNames: []string{"localhost", c.NodeName}, IPs: []net.IP{net.ParseIP("127.0.0.1")}},
 	}
 }
 
@@ -102,7 +107,7 @@ func FreePort() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
@@ -258,14 +263,17 @@ func waitHealthy(ctx context.Context, c Config, name string) error {
 		}
 		// The admin's client certificate; the CA is ours, but /readyz only
 		// needs to answer: skip verification of this loopback call.
-		client.Transport = &http.Transport{TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true}} //nolint:gosec // loopback health check
+		client.Transport = &http.Transport{TLSClientConfig: &tls.Config{ //nolint:gosec // loopback health check
+			Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true,
+		}}
 		url = fmt.Sprintf("https://127.0.0.1:%d/readyz", c.APIServerPort)
 	case ControllerManager, Scheduler:
 		port := c.ControllerManagerPort
 		if name == Scheduler {
 			port = c.SchedulerPort
 		}
-		client.Transport = &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // self-signed serving cert on loopback
+		// A self-signed serving certificate on loopback.
+		client.Transport = &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // see above
 		url = fmt.Sprintf("https://127.0.0.1:%d/healthz", port)
 	}
 	pidFile := filepath.Join(c.PidDir(), name+".pid")
@@ -277,7 +285,7 @@ func waitHealthy(ctx context.Context, c Config, name string) error {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		resp, err := client.Do(req)
 		if err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}

@@ -42,6 +42,9 @@ type Network struct {
 // ServiceID is the id of the services namespace.
 const ServiceID = "svc"
 
+// podVeth is the pod's end of its veth pair, inside the pod's namespace.
+const podVeth = "eth0"
+
 // NamespacePath is where `ip netns` keeps a named namespace.
 func NamespacePath(name string) string { return filepath.Join("/run/netns", name) }
 
@@ -107,12 +110,12 @@ func Create(n Network, id, addr string) error {
 	_ = Delete(n, id)
 	steps := [][]string{
 		{"netns", "add", name},
-		{"link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name},
+		{"link", "add", veth, "type", "veth", "peer", "name", podVeth, "netns", name},
 		{"link", "set", veth, "master", n.Bridge},
 		{"link", "set", veth, "up"},
-		{"-n", name, "addr", "add", fmt.Sprintf("%s/%d", addr, ones), "dev", "eth0"},
+		{"-n", name, "addr", "add", fmt.Sprintf("%s/%d", addr, ones), "dev", podVeth},
 		{"-n", name, "link", "set", "lo", "up"},
-		{"-n", name, "link", "set", "eth0", "up"},
+		{"-n", name, "link", "set", podVeth, "up"},
 	}
 	if id == ServiceID {
 		steps = append(steps, []string{"-n", name, "route", "add", "local", n.ServiceCIDR, "dev", "lo"})
@@ -186,7 +189,7 @@ func Do(path string, fn func() error) error {
 			errc <- fmt.Errorf("opening %s: %w", path, err)
 			return
 		}
-		defer unix.Close(fd)
+		defer func() { _ = unix.Close(fd) }()
 		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
 			errc <- fmt.Errorf("entering %s: %w", path, err)
 			return

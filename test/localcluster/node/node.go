@@ -123,7 +123,11 @@ func Run(ctx context.Context, stateDir string, log *slog.Logger) error {
 			binDir: s.BinDir, self: self, podsDir: s.PodsDir(), hostIP: HostIP,
 			proxy: proxy, ipam: ipam,
 			probeClient: &http.Client{
-				Transport:     &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DisableKeepAlives: true}, //nolint:gosec // probes skip verification, as the kubelet's do
+				// Probes skip verification, as the kubelet's do.
+				Transport: &http.Transport{
+					TLSClientConfig:   &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // see above
+					DisableKeepAlives: true,
+				},
 				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 			},
 			pods: map[string]*podRun{},
@@ -241,7 +245,7 @@ func describeNode(n *corev1.Node, s *cluster.State) {
 		OSImage:                 "host processes in network namespaces",
 	}
 	now := metav1.Now()
-	var conds []corev1.NodeCondition
+	conds := make([]corev1.NodeCondition, 0, len(n.Status.Conditions))
 	for _, c := range n.Status.Conditions {
 		if c.Type != corev1.NodeReady {
 			c.Status = corev1.ConditionFalse

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"net"
 	"net/http"
 	"os"
@@ -20,11 +19,9 @@ import (
 	"github.com/outbox-dev/outbox-operator/test/localcluster/podspec"
 	"github.com/outbox-dev/outbox-operator/test/localcluster/supervise"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
-
-// saMountPath is where pods find their service-account credentials.
-const saMountPath = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 // podRun is one pod on this node: its sandbox (network namespace, files) and
 // the processes of its containers.
@@ -328,7 +325,9 @@ func (r *podRun) runContainer(init bool, i int) bool {
 	r.setStatus(init, i, func(s *corev1.ContainerStatus) {
 		if s.State.Terminated == nil {
 			now := metav1.Now()
-			s.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: now, FinishedAt: now}}
+			s.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+				ExitCode: 0, Reason: "Completed", StartedAt: now, FinishedAt: now,
+			}}
 		}
 		s.Ready = false
 	})
@@ -351,13 +350,15 @@ func (r *podRun) sleep(d time.Duration) bool {
 
 // startAndWait starts the container's process, runs its probes, and returns
 // its exit code once it exits.
-func (r *podRun) startAndWait(init bool, i int, ctr *corev1.Container, proc podspec.Process, restarts int32) (int32, metav1.Time, metav1.Time, error) {
+func (r *podRun) startAndWait(
+	init bool, i int, ctr *corev1.Container, proc podspec.Process, restarts int32,
+) (int32, metav1.Time, metav1.Time, error) {
 	logPath := r.logPath(ctr.Name, restarts)
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
 		return 0, metav1.Time{}, metav1.Time{}, err
 	}
-	defer logFile.Close()
+	defer func() { _ = logFile.Close() }() // the child keeps its own descriptor
 	cmd := r.p.wrap(context.Background(), r, proc)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -482,7 +483,9 @@ func (r *podRun) probe(ctx context.Context, i int, ctr *corev1.Container, proc *
 // runProbe probes every period until ctx ends. Readiness reports verdict
 // changes to onChange; liveness and startup kill proc when failures reach the
 // threshold; startup returns true at its first success.
-func (r *podRun) runProbe(ctx context.Context, ctr *corev1.Container, t podspec.ProbeTarget, mode probeMode, proc *os.Process, onChange func(bool)) bool {
+func (r *podRun) runProbe(
+	ctx context.Context, ctr *corev1.Container, t podspec.ProbeTarget, mode probeMode, proc *os.Process, onChange func(bool),
+) bool {
 	select {
 	case <-ctx.Done():
 		return false
@@ -540,7 +543,7 @@ func (r *podRun) check(ctx context.Context, t podspec.ProbeTarget) bool {
 		if err != nil {
 			return false
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		return resp.StatusCode >= 200 && resp.StatusCode < 400
 	case "tcp", "grpc":
 		var d net.Dialer
@@ -548,14 +551,15 @@ func (r *podRun) check(ctx context.Context, t podspec.ProbeTarget) bool {
 		if err != nil {
 			return false
 		}
-		conn.Close()
+		_ = conn.Close()
 		return true
 	case "exec":
 		if len(t.Command) == 0 {
 			return false
 		}
 		proc := podspec.Process{Path: t.Command[0], Args: t.Command[1:]}
-		if mapped, args, err := podspec.Command(&corev1.Container{Name: "probe", Image: r.pod.Spec.Containers[0].Image, Command: t.Command}, r.p.images, r.p.binDir, nil); err == nil {
+		probe := &corev1.Container{Name: "probe", Image: r.pod.Spec.Containers[0].Image, Command: t.Command}
+		if mapped, args, err := podspec.Command(probe, r.p.images, r.p.binDir, nil); err == nil {
 			proc.Path, proc.Args = mapped, args
 		} else if path, err := exec.LookPath(t.Command[0]); err == nil {
 			proc.Path = path

@@ -52,7 +52,7 @@ func ExecPod(args []string) error {
 		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
 			return fmt.Errorf("entering %s: %w", *nsPath, err)
 		}
-		unix.Close(fd)
+		_ = unix.Close(fd)
 	}
 	if *hostname != "" {
 		if err := unix.Sethostname([]byte(*hostname)); err != nil {

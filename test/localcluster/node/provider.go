@@ -281,26 +281,29 @@ func (p *Provider) process(r *podRun, c *corev1.Container) (podspec.Process, err
 	if err != nil {
 		return podspec.Process{}, err
 	}
-	base := []podspec.EnvVar{
-		{Name: "PATH", Value: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		{Name: "HOSTNAME", Value: pod.Name},
-		{Name: "HOME", Value: "/"},
-	}
+	base := make([]podspec.EnvVar, 0, 3+len(env))
+	base = append(base,
+		podspec.EnvVar{Name: "PATH", Value: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		podspec.EnvVar{Name: "HOSTNAME", Value: pod.Name},
+		podspec.EnvVar{Name: "HOME", Value: "/"},
+	)
 	return podspec.Process{Path: path, Args: args, Env: append(base, env...), UID: uid, GID: gid}, nil
 }
 
 // wrap builds the command that runs proc inside r's namespaces.
 func (p *Provider) wrap(ctx context.Context, r *podRun, proc podspec.Process) *exec.Cmd {
 	workdir := "/"
-	args := []string{"podexec",
+	args := make([]string, 0, 17+len(proc.Args))
+	args = append(args, "podexec",
 		"--netns", netns.NamespacePath(p.network.Name(r.id)),
 		"--hosts", filepath.Join(r.dir, "hosts"),
 		"--run", filepath.Join(r.dir, "run"),
 		"--hostname", r.pod.Name,
 		"--uid", itoa(proc.UID), "--gid", itoa(proc.GID),
 		"--dir", workdir,
-		"--", proc.Path}
-	cmd := exec.CommandContext(ctx, p.self, append(args, proc.Args...)...)
+		"--", proc.Path)
+	args = append(args, proc.Args...)
+	cmd := exec.CommandContext(ctx, p.self, args...)
 	cmd.Env = podspec.Environ(proc.Env)
 	return cmd
 }
@@ -490,7 +493,9 @@ func optional(b *bool) bool { return b != nil && *b }
 
 // GetContainerLogs serves `kubectl logs`: the container's output, kept in a
 // file per start (-p reads the previous one), with tail, limit and follow.
-func (p *Provider) GetContainerLogs(ctx context.Context, namespace, podName, containerName string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
+func (p *Provider) GetContainerLogs(
+	ctx context.Context, namespace, podName, containerName string, opts api.ContainerLogOpts,
+) (io.ReadCloser, error) {
 	p.mu.Lock()
 	r, ok := p.pods[podKey(namespace, podName)]
 	p.mu.Unlock()
@@ -507,7 +512,7 @@ func (p *Provider) GetContainerLogs(ctx context.Context, namespace, podName, con
 	}
 	if opts.Tail > 0 {
 		if err := seekTail(f, opts.Tail); err != nil {
-			f.Close()
+			_ = f.Close()
 			return nil, err
 		}
 	}
@@ -617,8 +622,8 @@ func (p *Provider) PortForward(ctx context.Context, namespace, podName string, p
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	defer stream.Close()
+	defer func() { _ = conn.Close() }()
+	defer func() { _ = stream.Close() }()
 	errc := make(chan error, 2)
 	go func() { _, err := io.Copy(conn, stream); errc <- err }()
 	go func() { _, err := io.Copy(stream, conn); errc <- err }()

@@ -49,7 +49,9 @@ type proxiedPod struct {
 	namespace, hostsPath, podIP, hostname string
 }
 
-func newServiceProxy(services corev1listers.ServiceLister, sl discoverylisters.EndpointSliceLister, gateway, nsPath string, log *slog.Logger) *serviceProxy {
+func newServiceProxy(
+	services corev1listers.ServiceLister, sl discoverylisters.EndpointSliceLister, gateway, nsPath string, log *slog.Logger,
+) *serviceProxy {
 	return &serviceProxy{services: services, slices: sl, gateway: gateway, nsPath: nsPath, log: log,
 		listeners: map[string]net.Listener{}, pods: map[string]*proxiedPod{}}
 }
@@ -76,7 +78,7 @@ func (p *serviceProxy) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for k, l := range p.listeners {
-		l.Close()
+		_ = l.Close()
 		delete(p.listeners, k)
 	}
 }
@@ -109,7 +111,7 @@ func (p *serviceProxy) sync() {
 	}
 	for key, l := range p.listeners {
 		if _, ok := want[key]; !ok {
-			l.Close()
+			_ = l.Close()
 			delete(p.listeners, key)
 		}
 	}
@@ -194,7 +196,7 @@ func (p *serviceProxy) serve(l net.Listener, namespace, name string, port corev1
 }
 
 func (p *serviceProxy) relay(conn net.Conn, namespace, name string, port corev1.ServicePort) {
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	target, err := p.endpoint(namespace, name, port)
 	if err != nil {
 		p.log.Info("Refused a connection to a Service without a ready endpoint", "service", namespace+"/"+name, "port", port.Port, "err", err)
@@ -205,7 +207,7 @@ func (p *serviceProxy) relay(conn net.Conn, namespace, name string, port corev1.
 		p.log.Info("Dialling an endpoint failed", "service", namespace+"/"+name, "endpoint", target, "err", err)
 		return
 	}
-	defer upstream.Close()
+	defer func() { _ = upstream.Close() }()
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn) {
 		_, _ = io.Copy(dst, src)
@@ -224,12 +226,12 @@ func (p *serviceProxy) relay(conn net.Conn, namespace, name string, port corev1.
 // from the host.
 func (p *serviceProxy) endpoint(namespace, name string, port corev1.ServicePort) (string, error) {
 	sel := labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: name})
-	slices, err := p.slices.EndpointSlices(namespace).List(sel)
+	epSlices, err := p.slices.EndpointSlices(namespace).List(sel)
 	if err != nil {
 		return "", err
 	}
 	var candidates []string
-	for _, sl := range slices {
+	for _, sl := range epSlices {
 		if sl.AddressType != discoveryv1.AddressTypeIPv4 {
 			continue
 		}

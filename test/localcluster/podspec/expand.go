@@ -15,11 +15,11 @@ func Expand(s string, mapping func(string) (string, bool)) string {
 			b.WriteByte(s[i])
 			continue
 		}
-		switch next := s[i+1]; {
-		case next == '$':
+		switch s[i+1] {
+		case '$':
 			b.WriteByte('$')
 			i++
-		case next == '(':
+		case '(':
 			end := strings.IndexByte(s[i+2:], ')')
 			if end < 0 {
 				// No closing paren: the rest is literal.

@@ -47,9 +47,11 @@ func testSources() fakeSources {
 		},
 		services: []*corev1.Service{
 			{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: "default"},
-				Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.1", Ports: []corev1.ServicePort{{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP}}}},
+				Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.1",
+					Ports: []corev1.ServicePort{{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP}}}},
 			{ObjectMeta: metav1.ObjectMeta{Name: "orders-api", Namespace: "shop"},
-				Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.20", Ports: []corev1.ServicePort{{Name: "http", Port: 8080, Protocol: corev1.ProtocolTCP}}}},
+				Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.20",
+					Ports: []corev1.ServicePort{{Name: "http", Port: 8080, Protocol: corev1.ProtocolTCP}}}},
 		},
 	}
 }
@@ -75,10 +77,13 @@ func TestEnvResolvesEveryKindOfSourceInOrder(t *testing.T) {
 	t.Parallel()
 	pod := testPod()
 	c := &pod.Spec.Containers[0]
-	c.EnvFrom = []corev1.EnvFromSource{{Prefix: "CFG_", ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}}}}
+	c.EnvFrom = []corev1.EnvFromSource{{Prefix: "CFG_",
+		ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}}}}
 	c.Env = []corev1.EnvVar{
-		{Name: "DATABASE_URL", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "db"}, Key: "dsn"}}},
-		{Name: "STREAM", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}, Key: "STREAM"}}},
+		{Name: "DATABASE_URL", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: "db"}, Key: "dsn"}}},
+		{Name: "STREAM", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}, Key: "STREAM"}}},
 		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
 		{Name: "APP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['app']"}}},
@@ -140,7 +145,8 @@ func TestEnvMissingReferences(t *testing.T) {
 		"missing key":             {ref("db", "nope", false), "couldn't find key nope in Secret shop/db"},
 		"optional missing secret": {ref("nope", "dsn", true), ""},
 		"optional missing key":    {ref("db", "nope", true), ""},
-		"unsupported field":       {corev1.EnvVar{Name: "X", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.bogus"}}}, `unsupported fieldRef "spec.bogus"`},
+		"unsupported field": {corev1.EnvVar{Name: "X", ValueFrom: &corev1.EnvVarSource{
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.bogus"}}}, `unsupported fieldRef "spec.bogus"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -163,9 +169,12 @@ func TestResourceFieldRef(t *testing.T) {
 	t.Parallel()
 	pod := testPod()
 	c := &pod.Spec.Containers[0]
-	c.Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi"), corev1.ResourceCPU: resource.MustParse("250m")}
+	c.Resources.Limits = corev1.ResourceList{
+		corev1.ResourceMemory: resource.MustParse("128Mi"), corev1.ResourceCPU: resource.MustParse("250m"),
+	}
 	c.Env = []corev1.EnvVar{
-		{Name: "MEM_MI", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.memory", Divisor: resource.MustParse("1Mi")}}},
+		{Name: "MEM_MI", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{
+			Resource: "limits.memory", Divisor: resource.MustParse("1Mi")}}},
 		{Name: "CPU", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.cpu"}}},
 	}
 	env, err := Env(pod, c, testSources(), Runtime{})
@@ -211,11 +220,13 @@ func TestCommandMapsImageBinariesAndExpandsArgs(t *testing.T) {
 		wantErr  any
 	}{
 		"command and args": {
-			c:        corev1.Container{Name: "w", Image: "ghcr.io/outbox-dev/outbox-operator:dev", Command: []string{"/worker"}, Args: []string{"--stream=$(STREAM)", "--consumer=$(POD_NAME)", "--x=$$(STREAM)"}},
+			c: corev1.Container{Name: "w", Image: "ghcr.io/outbox-dev/outbox-operator:dev", Command: []string{"/worker"},
+				Args: []string{"--stream=$(STREAM)", "--consumer=$(POD_NAME)", "--x=$$(STREAM)"}},
 			wantPath: "/bin/dir/worker", wantArgs: []string{"--stream=jobs", "--consumer=w-1", "--x=$(STREAM)"},
 		},
 		"multi-word command": {
-			c:        corev1.Container{Name: "m", Image: "ghcr.io/outbox-dev/outbox-operator@sha256:abc", Command: []string{"/orders-api", "migrate"}, Args: []string{"--timeout=5m"}},
+			c: corev1.Container{Name: "m", Image: "ghcr.io/outbox-dev/outbox-operator@sha256:abc",
+				Command: []string{"/orders-api", "migrate"}, Args: []string{"--timeout=5m"}},
 			wantPath: "/bin/dir/orders-api", wantArgs: []string{"migrate", "--timeout=5m"},
 		},
 		"entrypoint when no command": {
@@ -282,8 +293,10 @@ func TestRunAs(t *testing.T) {
 
 func TestProbe(t *testing.T) {
 	t.Parallel()
-	c := &corev1.Container{Name: "api", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "probes", ContainerPort: 8081}}}
-	http := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "readyz", Port: intstr.FromString("probes")}}, PeriodSeconds: 5}
+	c := &corev1.Container{Name: "api",
+		Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "probes", ContainerPort: 8081}}}
+	http := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+		HTTPGet: &corev1.HTTPGetAction{Path: "readyz", Port: intstr.FromString("probes")}}, PeriodSeconds: 5}
 	got, err := Probe(http, c, "10.244.0.9")
 	require.NoError(t, err)
 	require.Equal(t, "http", got.Kind)
@@ -293,7 +306,8 @@ func TestProbe(t *testing.T) {
 	require.Equal(t, 3, got.FailureThreshold)
 	require.Equal(t, 1, got.SuccessThreshold)
 
-	tcp := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(6379)}}, FailureThreshold: 6, InitialDelaySeconds: 10}
+	tcp := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(6379)}},
+		FailureThreshold: 6, InitialDelaySeconds: 10}
 	got, err = Probe(tcp, c, "10.244.0.9")
 	require.NoError(t, err)
 	require.Equal(t, "10.244.0.9:6379", got.Addr)

@@ -73,7 +73,8 @@ func Command(c *corev1.Container, images []Image, binDir string, env []EnvVar) (
 	}
 	name := filepath.Clean("/" + argv[0])
 	if !slices.Contains(img.Binaries, name) {
-		return "", nil, configErrorf("container %s runs %q, which image %s does not hold (it holds %s)", c.Name, argv[0], img.Repository, strings.Join(img.Binaries, ", "))
+		return "", nil, configErrorf("container %s runs %q, which image %s does not hold (it holds %s)",
+			c.Name, argv[0], img.Repository, strings.Join(img.Binaries, ", "))
 	}
 	return filepath.Join(binDir, strings.TrimPrefix(name, "/")), append(argv[1:], args...), nil
 }
@@ -89,7 +90,8 @@ func findImage(ref string, images []Image) (Image, error) {
 	for i, img := range images {
 		known[i] = img.Repository
 	}
-	return Image{}, &ImageError{Msg: fmt.Sprintf("image %q is not one the local cluster can run: it pulls no images and runs only %s, from binaries built from this repo", ref, strings.Join(known, ", "))}
+	return Image{}, &ImageError{Msg: fmt.Sprintf("image %q is not one the local cluster can run: "+
+		"it pulls no images and runs only %s, from binaries built from this repo", ref, strings.Join(known, ", "))}
 }
 
 // RunAs returns the uid and gid of container c: runAsUser/runAsGroup of the

@@ -60,7 +60,8 @@ func Phase(spec *corev1.PodSpec, initStatuses, statuses []corev1.ContainerStatus
 			continue
 		case s.State.Terminated != nil && spec.RestartPolicy == corev1.RestartPolicyNever:
 			return corev1.PodFailed
-		case s.State.Waiting != nil && s.LastTerminationState.Terminated != nil && s.LastTerminationState.Terminated.ExitCode != 0 && spec.RestartPolicy == corev1.RestartPolicyNever:
+		case s.State.Waiting != nil && s.LastTerminationState.Terminated != nil &&
+			s.LastTerminationState.Terminated.ExitCode != 0 && spec.RestartPolicy == corev1.RestartPolicyNever:
 			return corev1.PodFailed
 		default:
 			return corev1.PodPending
@@ -104,7 +105,9 @@ func Phase(spec *corev1.PodSpec, initStatuses, statuses []corev1.ContainerStatus
 
 // Conditions are the pod's conditions for its phase and containers, with
 // transition times kept from prev where the status did not change.
-func Conditions(phase corev1.PodPhase, sandboxReady bool, initStatuses, statuses []corev1.ContainerStatus, prev []corev1.PodCondition, now metav1.Time) []corev1.PodCondition {
+func Conditions(
+	phase corev1.PodPhase, sandboxReady bool, initStatuses, statuses []corev1.ContainerStatus, prev []corev1.PodCondition, now metav1.Time,
+) []corev1.PodCondition {
 	initialized := true
 	for _, s := range initStatuses {
 		if s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 {

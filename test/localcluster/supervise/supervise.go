@@ -42,7 +42,7 @@ func Start(spec Spec, pidDir, logDir string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer logFile.Close()
+	defer func() { _ = logFile.Close() }() // the child keeps its own descriptor
 	cmd := exec.Command(spec.Path, spec.Args...)
 	cmd.Env = append(os.Environ(), spec.Env...)
 	cmd.Dir = spec.Dir
