@@ -2,11 +2,12 @@ package v1alpha1_test
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // TestGeneratedFilesAreCurrent regenerates the CRD and the deepcopy code
@@ -15,23 +16,10 @@ import (
 // manifests generate` fails here.
 func TestGeneratedFilesAreCurrent(t *testing.T) {
 	t.Parallel()
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	require.NoError(t, err)
-	cg := filepath.Join(root, "bin", "controller-gen")
-	if _, err := os.Stat(cg); err != nil {
-		msg := "bin/controller-gen is missing: run `make controller-gen` (make test installs it)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	out := t.TempDir()
-	cmd := exec.Command(cg,
-		"crd", "paths=./api/...", "output:crd:artifacts:config="+out,
-		"object:headerFile=hack/boilerplate.go.txt", "output:object:dir="+out)
-	cmd.Dir = root
-	msg, err := cmd.CombinedOutput()
-	require.NoError(t, err, "controller-gen: %s", msg)
+	root, out := testenv.ControllerGen(t, func(out string) []string {
+		return []string{"crd", "paths=./api/...", "output:crd:artifacts:config=" + out,
+			"object:headerFile=hack/boilerplate.go.txt", "output:object:dir=" + out}
+	})
 
 	for generated, committed := range map[string]string{
 		"relay.outbox.dev_outboxrelays.yaml": "config/crd/bases/relay.outbox.dev_outboxrelays.yaml",

@@ -2,11 +2,12 @@ package controller
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // TestRBACIsCurrent regenerates the manager's ClusterRole from the
@@ -14,21 +15,9 @@ import (
 // with config/rbac/role.yaml.
 func TestRBACIsCurrent(t *testing.T) {
 	t.Parallel()
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	require.NoError(t, err)
-	cg := filepath.Join(root, "bin", "controller-gen")
-	if _, err := os.Stat(cg); err != nil {
-		msg := "bin/controller-gen is missing: run `make controller-gen` (make test installs it)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	out := t.TempDir()
-	cmd := exec.Command(cg, "rbac:roleName=manager-role", "paths=./...", "output:rbac:artifacts:config="+out)
-	cmd.Dir = root
-	msg, err := cmd.CombinedOutput()
-	require.NoError(t, err, "controller-gen: %s", msg)
+	root, out := testenv.ControllerGen(t, func(out string) []string {
+		return []string{"rbac:roleName=manager-role", "paths=./...", "output:rbac:artifacts:config=" + out}
+	})
 	want, err := os.ReadFile(filepath.Join(out, "role.yaml"))
 	require.NoError(t, err)
 	got, err := os.ReadFile(filepath.Join(root, "config", "rbac", "role.yaml"))
