@@ -1,0 +1,11 @@
+// Package faults is the fault suite of the relay (make test-faults): the
+// real relay binary, run as processes against real PostgreSQL and Redis
+// servers, with its links cut by an in-process toxiproxy and its processes
+// killed and stopped by signals, judged by a checker that compares every
+// committed outbox row with every stream entry.
+//
+// The cases build only with -tags faults, so that go test ./... (make test)
+// runs just the checker's unit test. FAULTS_SCALE=full runs the sizes of
+// issue #10; the default is a CI slice of a few minutes on two cores.
+// docs/reliability.md has the figures.
+package faults
