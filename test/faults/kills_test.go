@@ -1,0 +1,76 @@
+//go:build faults
+
+package faults
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
+)
+
+// TestKills SIGKILLs two relays again and again while producers write, and
+// restarts each at once: nothing is lost, each kill duplicates at most the
+// batches it had in flight, and at the end no row is pending or locked.
+func TestKills(t *testing.T) {
+	t.Parallel()
+	events := sized(8000, 50000)
+	kills := sized(6, 20)
+	rate := sized(1000.0, 2500.0) // rows per second
+	const batchSize, inFlight = 100, 2
+
+	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
+	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
+	stream := testenv.Name(t)
+	mustRelay(t, env, "schema", "--apply")
+	conn := connect(t, pg.DSN())
+	args := []string{"--stream", stream, "--batch-size", strconv.Itoa(batchSize), "--in-flight", strconv.Itoa(inFlight)}
+
+	relays := [2]*relayProc{startRelay(t, "A", env, args...), startRelay(t, "B", env, args...)}
+	start := time.Now()
+	prod := startProducers(t, producerConfig{
+		dsn: pg.DSN(), conns: 4, events: events, rate: rate, insert: insertInto("outbox_events"),
+	})
+
+	// The kills are spread over the time the producers write; each waits
+	// until its victim has published since it (re)started, so that it dies
+	// with batches in flight.
+	every := time.Duration(float64(events) / rate / float64(kills) * float64(time.Second))
+	var worstLock time.Duration
+	for i := range kills {
+		victim := relays[i%2]
+		require.True(t, sleepUntil(t.Context(), start.Add(time.Duration(i)*every+every/2)))
+		eventually(t, time.Minute, "relay "+victim.name+" publishing", func() error {
+			if victim.published() == 0 {
+				return fmt.Errorf("nothing published yet")
+			}
+			return nil
+		})
+		backends := relayBackends(t, conn, victim, pg.DSN())
+		killedAt := serverNow(t, conn)
+		victim.kill(t)
+		worstLock = max(worstLock, waitReleased(t, conn, backends, killedAt, time.Minute))
+		relays[i%2] = startRelay(t, fmt.Sprintf("%s%d", victim.name[:1], i+1), env, args...)
+	}
+	prod.wait(t)
+	produced := time.Now()
+	waitDrained(t, conn, "outbox_events", 5*time.Minute)
+	drain := time.Since(produced)
+	for _, r := range relays {
+		r.stop(t, time.Minute)
+	}
+
+	requireNothingLocked(t, conn, "outbox_events")
+	require.Zero(t, backlog(t, env, "outbox_events").Count, "relay backlog")
+	r := checkStream(t, redisClient(t, rs.URL()), stream, prod.committed())
+	bound := kills * batchSize * inFlight
+	figures(t, r, kills, fmt.Sprintf("duplicate_bound=%d worst_lock=%s drain=%s", bound, ms(worstLock), ms(drain)))
+	require.Equal(t, events, r.Committed)
+	require.Zero(t, r.Lost, "lost events, e.g. %v", r.LostIDs)
+	require.Zero(t, r.Unexpected, "stream entries no producer committed")
+	require.LessOrEqual(t, r.Duplicates, bound, "duplicates beyond batch size x in-flight per kill")
+}

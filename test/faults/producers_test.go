@@ -1,0 +1,199 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// insertFunc returns the statement of one producer transaction that inserts
+// n rows and returns each one's id::text and created_at.
+type insertFunc func(rng *rand.Rand, n int) (sql string, args []any)
+
+// insertInto inserts n small JSON events into table, with the table's
+// defaults for the id and created_at.
+func insertInto(table string) insertFunc {
+	sql := fmt.Sprintf(`INSERT INTO %s (event_type, payload)
+SELECT 'fault.test', json_build_object('n', g, 'pad', repeat('x', 64))::text FROM generate_series(1, $1) g
+RETURNING id::text, created_at`, pgx.Identifier{table}.Sanitize())
+	return func(_ *rand.Rand, n int) (string, []any) { return sql, []any{n} }
+}
+
+// producerConfig sizes a producer run.
+type producerConfig struct {
+	dsn    string
+	conns  int        // connections, each writing its own transactions
+	events int        // rows in total
+	rate   float64    // rows per second, all connections together
+	insert insertFunc // the statement of one transaction
+}
+
+// producers write outbox rows from several connections, 1 to 20 rows a
+// transaction, at a steady rate, and record each row only after its
+// transaction's COMMIT succeeded.
+type producers struct {
+	mu       sync.Mutex
+	rows     []Committed
+	errs     []error
+	reserved atomic.Int64 // rows handed to transactions so far
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+// startProducers starts the producers; they stop after cfg.events rows or
+// at the test's end.
+func startProducers(t testing.TB, cfg producerConfig) *producers {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &producers{cancel: cancel}
+	t.Cleanup(func() { cancel(); p.wg.Wait() })
+	conns := make([]*pgx.Conn, cfg.conns)
+	for i := range conns {
+		conn, err := pgx.Connect(ctx, cfg.dsn)
+		require.NoError(t, err)
+		conns[i] = conn
+	}
+	start := time.Now()
+	for i, conn := range conns {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer func() { _ = conn.Close(context.Background()) }()
+			rng := rand.New(rand.NewPCG(uint64(start.UnixNano()), uint64(i)))
+			for {
+				n := int64(1 + rng.IntN(20))
+				end := p.reserved.Add(n)
+				if over := end - int64(cfg.events); over > 0 {
+					n -= over
+					if n <= 0 {
+						return
+					}
+				}
+				// Steady rate: this transaction is due when the rows before it
+				// would have been written at cfg.rate.
+				due := start.Add(time.Duration(float64(end-n) / cfg.rate * float64(time.Second)))
+				if !sleepUntil(ctx, due) {
+					return
+				}
+				rows, err := p.transaction(ctx, conn, rng, cfg.insert, int(n))
+				if err != nil {
+					if ctx.Err() == nil {
+						p.fail(err)
+					}
+					return
+				}
+				p.record(rows)
+			}
+		}()
+	}
+	return p
+}
+
+// transaction inserts n rows in one transaction and returns them once
+// COMMIT succeeded.
+func (p *producers) transaction(ctx context.Context, conn *pgx.Conn, rng *rand.Rand, insert insertFunc, n int) ([]Committed, error) {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	sql, args := insert(rng, n)
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Committed, error) {
+		var c Committed
+		err := row.Scan(&c.ID, &c.CreatedAt)
+		return c, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (p *producers) record(rows []Committed) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rows = append(p.rows, rows...)
+}
+
+func (p *producers) fail(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.errs = append(p.errs, err)
+}
+
+// committedCount is the number of rows committed so far.
+func (p *producers) committedCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.rows)
+}
+
+// wait waits until every producer has finished and requires that none failed.
+func (p *producers) wait(t testing.TB) {
+	t.Helper()
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	require.NoError(t, errors.Join(p.errs...), "producers")
+}
+
+// committed returns every row committed so far.
+func (p *producers) committed() []Committed {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Committed(nil), p.rows...)
+}
+
+// sleepUntil waits until t or ctx's end; false when ctx ended.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// insertRows runs one insert statement returning id::text, created_at in its
+// own transaction and returns the committed rows.
+func insertRows(t testing.TB, conn *pgx.Conn, sql string, args ...any) []Committed {
+	t.Helper()
+	var out []Committed
+	err := pgx.BeginFunc(t.Context(), conn, func(tx pgx.Tx) error {
+		rows, err := tx.Query(t.Context(), sql, args...)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Committed, error) {
+			var c Committed
+			err := row.Scan(&c.ID, &c.CreatedAt)
+			return c, err
+		})
+		return err
+	})
+	require.NoError(t, err)
+	return out
+}
