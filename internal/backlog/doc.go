@@ -1,6 +1,7 @@
 // Package backlog measures the backlog of outbox tables for the operator: the
-// count of undispatched rows and the oldest created_at, off the reconcile
-// path, so that a database that hangs never holds up the reconciles of other
+// count of undispatched rows, the oldest created_at, and apart from them the
+// count of rows parked in the dead-letter table, off the reconcile path, so
+// that a database that hangs never holds up the reconciles of other
 // OutboxRelays.
 //
 // A [Prober] runs at most one check per relay at a time, each in its own

@@ -50,6 +50,37 @@ func TestPoolMeasurerMeasuresBacklog(t *testing.T) {
 	require.True(t, created.Add(3*time.Second).Equal(*b.Oldest), "oldest is %s", b.Oldest)
 }
 
+func TestPoolMeasurerCountsParkedRowsApart(t *testing.T) {
+	t.Parallel()
+	dsn, conn := setupTable(t)
+	ctx := context.Background()
+	table := outbox.MustNew("", outbox.Columns{})
+	_, err := conn.Exec(ctx, table.DeadLetterDDL())
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `INSERT INTO outbox_events (event_type, payload) VALUES ('t', '{}')`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `INSERT INTO `+pgx.Identifier{table.DeadLetterTableName()}.Sanitize()+`
+		(event_id, event_type, payload, created_at, stream, reason)
+		SELECT g::text, 't', NULL, now(), 'jobs', 'payload is NULL' FROM generate_series(1, 3) g`)
+	require.NoError(t, err)
+
+	m := NewPoolMeasurer(PoolMeasurerConfig{})
+	t.Cleanup(m.Close)
+	b, err := m.Measure(ctx, key("a"), target(dsn))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), b.Count, "parked rows are not backlog")
+	require.Equal(t, int64(3), b.DeadLetters)
+
+	// A table laid out before parking existed has no dead-letter table:
+	// nothing is parked, and the check still succeeds.
+	_, err = conn.Exec(ctx, `DROP TABLE `+pgx.Identifier{table.DeadLetterTableName()}.Sanitize())
+	require.NoError(t, err)
+	b, err = m.Measure(ctx, key("a"), target(dsn))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), b.Count)
+	require.Zero(t, b.DeadLetters)
+}
+
 func TestPoolMeasurerSharesPoolsPerNamespaceAndDSN(t *testing.T) {
 	t.Parallel()
 	dsn, _ := setupTable(t)

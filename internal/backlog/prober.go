@@ -12,7 +12,8 @@ import (
 
 // Result is the outcome of one finished check.
 type Result struct {
-	// Backlog is the measurement; zero when Failure is set.
+	// Backlog is the measurement (pending rows, the oldest, and the parked
+	// rows in DeadLetters); zero when Failure is set.
 	Backlog outbox.Backlog
 	// Failure is nil when the check succeeded.
 	Failure *Failure

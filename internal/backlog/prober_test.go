@@ -155,6 +155,20 @@ func TestProberChecksOnceAndCachesUntilInterval(t *testing.T) {
 	require.Equal(t, 2, b.measurer.callsOf("a"))
 }
 
+func TestProberPassesDeadLettersThrough(t *testing.T) {
+	t.Parallel()
+	b := setupProber(t, time.Second)
+	b.measurer.set("a", func(context.Context) (outbox.Backlog, error) {
+		return outbox.Backlog{Count: 2, DeadLetters: 5}, nil
+	})
+	b.prober.Observe(key("a"), target("postgres://a"), time.Minute)
+	b.waitNotified(t, key("a"))
+	obs := b.prober.Observe(key("a"), target("postgres://a"), time.Minute)
+	require.NotNil(t, obs.Last)
+	require.Nil(t, obs.Last.Failure)
+	require.Equal(t, outbox.Backlog{Count: 2, DeadLetters: 5}, obs.Last.Backlog)
+}
+
 func TestProberHangingDatabaseDoesNotHoldUpOtherRelays(t *testing.T) {
 	t.Parallel()
 	b := setupProber(t, 2*time.Second)
