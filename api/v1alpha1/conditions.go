@@ -19,7 +19,8 @@ package v1alpha1
 // ConditionType is the type of one of an OutboxRelay's status conditions.
 type ConditionType string
 
-// The condition types of an OutboxRelay. Ready sums up the others.
+// The condition types of an OutboxRelay. Ready sums up the others, except
+// DeadLettersClear.
 const (
 	// ConditionReady is True when the relays run as specified: the Secrets
 	// resolve, the database answers, the backlog is not stalled and every
@@ -44,6 +45,13 @@ const (
 	// ConditionRelaysAvailable is True when the Deployment has rolled out
 	// and has as many available relays as desiredReplicas.
 	ConditionRelaysAvailable ConditionType = "RelaysAvailable"
+
+	// ConditionDeadLettersClear is True when the dead-letter table beside the
+	// outbox table holds no parked row (or does not exist), False when rows
+	// wait there for a person to retry or discard them. It is not part of
+	// Ready: parked rows no longer hold up the relays, which keep publishing
+	// the rows behind them.
+	ConditionDeadLettersClear ConditionType = "DeadLettersClear"
 )
 
 // Reason is the machine-readable reason of a condition: UpperCamelCase, and
@@ -64,6 +72,8 @@ const (
 	ReasonBacklogWithinLimit Reason = "BacklogWithinLimit"
 	// ReasonRelaysAvailable: every desired relay is available.
 	ReasonRelaysAvailable Reason = "RelaysAvailable"
+	// ReasonNoDeadLetters: the last backlog check found no parked row.
+	ReasonNoDeadLetters Reason = "NoDeadLetters"
 )
 
 // Reasons that say what is wrong. Each one names exactly one cause, so that
@@ -113,6 +123,10 @@ const (
 	// ReasonRelaysProgressing: fewer relays are available (or up to date)
 	// than desired, for example during a rollout or a scale-up.
 	ReasonRelaysProgressing Reason = "RelaysProgressing"
+	// ReasonDeadLettersPresent: rows that cannot be published are parked in
+	// the dead-letter table. They stay there until a person lists them
+	// (`relay dead-letters list`), then retries or discards them.
+	ReasonDeadLettersPresent Reason = "DeadLettersPresent"
 )
 
 // Reasons of Events that are no condition's reason.
@@ -127,7 +141,7 @@ func (r Reason) IsFailure() bool {
 	switch r {
 	case ReasonRelaysReady, ReasonSecretsResolved, ReasonBacklogMeasured, ReasonBacklogWithinLimit,
 		ReasonRelaysAvailable, ReasonBacklogCheckPending, ReasonBacklogUnknown, ReasonSuspended,
-		ReasonRelaysProgressing, ReasonScaled:
+		ReasonRelaysProgressing, ReasonScaled, ReasonNoDeadLetters:
 		return false
 	}
 	return true

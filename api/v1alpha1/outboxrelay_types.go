@@ -336,6 +336,14 @@ type OutboxRelayStatus struct {
 	// +optional
 	LastBacklogCheckTime *metav1.Time `json:"lastBacklogCheckTime,omitempty"`
 
+	// deadLetters is the count of rows parked in the dead-letter table
+	// (<table>_dead_letters, beside the outbox table) at lastBacklogCheckTime,
+	// because they cannot be published (a NULL column, a payload too large,
+	// refused by Redis). They are kept until a person retries or discards
+	// them with `relay dead-letters`, and are not part of backlog.
+	// +optional
+	DeadLetters *int64 `json:"deadLetters,omitempty"`
+
 	// desiredReplicas is the number of relays the operator asks the
 	// Deployment for: from the backlog, between replicas.min and
 	// replicas.max, after the scale-down stabilisation window; zero when
@@ -366,9 +374,10 @@ type OutboxRelayStatus struct {
 	// +optional
 	LastCleanupTime *metav1.Time `json:"lastCleanupTime,omitempty"`
 
-	// conditions: Ready sums up the others (SecretsResolved,
-	// DatabaseReachable, BacklogHealthy, RelaysAvailable); its reason is the
-	// first thing that is wrong.
+	// conditions: Ready sums up SecretsResolved, DatabaseReachable,
+	// BacklogHealthy and RelaysAvailable; its reason is the first thing that
+	// is wrong. DeadLettersClear reports parked rows and leaves Ready alone:
+	// the relays keep publishing the rows behind them.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -387,6 +396,7 @@ type OutboxRelayStatus struct {
 // +kubebuilder:printcolumn:name="Stream",type=string,JSONPath=`.spec.redis.stream`
 // +kubebuilder:printcolumn:name="Backlog",type=integer,JSONPath=`.status.backlog`
 // +kubebuilder:printcolumn:name="Oldest",type=date,JSONPath=`.status.oldestPendingTime`,description="Age of the oldest undispatched row"
+// +kubebuilder:printcolumn:name="Dead-Letters",type=integer,JSONPath=`.status.deadLetters`,description="Rows parked in the dead-letter table",priority=1
 // +kubebuilder:printcolumn:name="Replicas",type=string,JSONPath=`.status.replicaSummary`,description="Ready/desired relays"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1

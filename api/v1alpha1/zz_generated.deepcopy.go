@@ -182,6 +182,11 @@ func (in *OutboxRelayStatus) DeepCopyInto(out *OutboxRelayStatus) {
 		in, out := &in.LastBacklogCheckTime, &out.LastBacklogCheckTime
 		*out = (*in).DeepCopy()
 	}
+	if in.DeadLetters != nil {
+		in, out := &in.DeadLetters, &out.DeadLetters
+		*out = new(int64)
+		**out = **in
+	}
 	if in.DesiredReplicas != nil {
 		in, out := &in.DesiredReplicas, &out.DesiredReplicas
 		*out = new(int32)

@@ -15,6 +15,7 @@ import (
 //
 //	outbox_operator_relay_backlog                          undispatched rows at the last check
 //	outbox_operator_relay_oldest_pending_age_seconds       age of the oldest undispatched row, at scrape time
+//	outbox_operator_relay_dead_letters                     parked rows at the last check (not in the backlog)
 //	outbox_operator_relay_desired_replicas                 replicas the operator asks for
 //	outbox_operator_relay_ready_replicas                   ready relay pods
 //	outbox_operator_relay_last_backlog_check_timestamp_seconds
@@ -29,17 +30,18 @@ type RelayMetrics struct {
 	mu     sync.Mutex
 	relays map[types.NamespacedName]relaySample
 
-	backlog, age, desired, ready, lastCheck, isReady *prometheus.Desc
+	backlog, age, deadLetters, desired, ready, lastCheck, isReady *prometheus.Desc
 }
 
 // relaySample is what the gauges of one relay report.
 type relaySample struct {
-	backlog   *int64
-	oldest    *time.Time
-	lastCheck *time.Time
-	desired   int32
-	ready     int32
-	isReady   bool
+	backlog     *int64
+	oldest      *time.Time
+	deadLetters *int64
+	lastCheck   *time.Time
+	desired     int32
+	ready       int32
+	isReady     bool
 }
 
 var _ prometheus.Collector = (*RelayMetrics)(nil)
@@ -52,23 +54,25 @@ func NewRelayMetrics() *RelayMetrics {
 		return prometheus.NewDesc("outbox_operator_relay_"+name, help, labels, nil)
 	}
 	return &RelayMetrics{
-		Now:       time.Now,
-		relays:    map[types.NamespacedName]relaySample{},
-		backlog:   desc("backlog", "Undispatched rows of the outbox table at the last backlog check."),
-		age:       desc("oldest_pending_age_seconds", "Age of the oldest undispatched row, 0 when none is pending."),
-		desired:   desc("desired_replicas", "Relays the operator asks the Deployment for."),
-		ready:     desc("ready_replicas", "Ready relay pods."),
-		lastCheck: desc("last_backlog_check_timestamp_seconds", "Unix time of the last successful backlog check."),
-		isReady:   desc("ready", "1 when the OutboxRelay's Ready condition is True, else 0."),
+		Now:         time.Now,
+		relays:      map[types.NamespacedName]relaySample{},
+		backlog:     desc("backlog", "Undispatched rows of the outbox table at the last backlog check."),
+		age:         desc("oldest_pending_age_seconds", "Age of the oldest undispatched row, 0 when none is pending."),
+		deadLetters: desc("dead_letters", "Rows parked in the dead-letter table at the last backlog check; not part of the backlog."),
+		desired:     desc("desired_replicas", "Relays the operator asks the Deployment for."),
+		ready:       desc("ready_replicas", "Ready relay pods."),
+		lastCheck:   desc("last_backlog_check_timestamp_seconds", "Unix time of the last successful backlog check."),
+		isReady:     desc("ready", "1 when the OutboxRelay's Ready condition is True, else 0."),
 	}
 }
 
 // Set records a relay's status.
 func (m *RelayMetrics) Set(key types.NamespacedName, s v1alpha1.OutboxRelayStatus) {
 	sample := relaySample{
-		backlog: s.Backlog,
-		desired: ptr.Deref(s.DesiredReplicas, 0),
-		ready:   s.ReadyReplicas,
+		backlog:     s.Backlog,
+		deadLetters: s.DeadLetters,
+		desired:     ptr.Deref(s.DesiredReplicas, 0),
+		ready:       s.ReadyReplicas,
 	}
 	if s.OldestPendingTime != nil {
 		sample.oldest = ptr.To(s.OldestPendingTime.Time)
@@ -95,7 +99,7 @@ func (m *RelayMetrics) Delete(key types.NamespacedName) {
 
 // Describe implements prometheus.Collector.
 func (m *RelayMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.backlog, m.age, m.desired, m.ready, m.lastCheck, m.isReady} {
+	for _, d := range []*prometheus.Desc{m.backlog, m.age, m.deadLetters, m.desired, m.ready, m.lastCheck, m.isReady} {
 		ch <- d
 	}
 }
@@ -117,6 +121,9 @@ func (m *RelayMetrics) Collect(ch chan<- prometheus.Metric) {
 				age = max(now.Sub(*s.oldest).Seconds(), 0)
 			}
 			gauge(m.age, age)
+		}
+		if s.deadLetters != nil {
+			gauge(m.deadLetters, float64(*s.deadLetters))
 		}
 		if s.lastCheck != nil {
 			gauge(m.lastCheck, float64(s.lastCheck.Unix()))

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
 // TestController runs the controller against a real kube-apiserver and etcd
@@ -46,6 +47,7 @@ func TestController(t *testing.T) {
 		{"MissingTableIsOutboxTableNotFound", testMissingTableIsOutboxTableNotFound},
 		{"BacklogScalesReplicasAndDrains", testBacklogScalesReplicasAndDrains},
 		{"OldRowsAreBacklogStalled", testOldRowsAreBacklogStalled},
+		{"ParkedRowsAreShownApartFromBacklog", testParkedRowsAreShownApartFromBacklog},
 		{"SuspendScalesToZero", testSuspendScalesToZero},
 		{"DeploymentDeletedOrEditedIsRestored", testDeploymentDeletedOrEditedIsRestored},
 		{"CronJobDeletedOrEditedIsRestored", testCronJobDeletedOrEditedIsRestored},
@@ -314,6 +316,69 @@ func testOldRowsAreBacklogStalled(t *testing.T, s *suite) {
 	require.Greater(t, age, 3540.0)
 }
 
+// park puts n rows into the dead-letter table of the default outbox table,
+// as the relay does with rows it cannot publish.
+func park(t *testing.T, conn *pgx.Conn, n int) {
+	t.Helper()
+	ctx := context.Background()
+	table := outbox.MustNew("", outbox.Columns{})
+	_, err := conn.Exec(ctx, table.DeadLetterDDL())
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `INSERT INTO `+pgx.Identifier{table.DeadLetterTableName()}.Sanitize()+`
+		(event_id, event_type, payload, created_at, stream, reason)
+		SELECT g::text, 'order.created', NULL, now(), 'jobs', 'payload is NULL' FROM generate_series(1, $1::int) g`, n)
+	require.NoError(t, err)
+}
+
+func testParkedRowsAreShownApartFromBacklog(t *testing.T, s *suite) {
+	key, conn := s.readyRelay(t)
+	ctx := context.Background()
+	s.markAvailable(t, key)
+	relay := s.waitCondition(t, key, v1alpha1.ConditionDeadLettersClear, metav1.ConditionTrue, v1alpha1.ReasonNoDeadLetters)
+	require.Equal(t, ptr.To[int64](0), relay.Status.DeadLetters)
+	requireGauge(t, s, "outbox_operator_relay_dead_letters", key, 0)
+
+	park(t, conn, 3)
+	_, err := conn.Exec(ctx, `INSERT INTO outbox_events (event_type, payload) VALUES ('order.created', '{}')`)
+	require.NoError(t, err)
+	relay = s.waitStatus(t, key, "3 dead letters and a backlog of 1", func(st *v1alpha1.OutboxRelayStatus) error {
+		if ptr.Deref(st.DeadLetters, -1) != 3 || ptr.Deref(st.Backlog, -1) != 1 {
+			return fmt.Errorf("deadLetters %v, backlog %v", ptr.Deref(st.DeadLetters, -1), ptr.Deref(st.Backlog, -1))
+		}
+		return nil
+	})
+	c := findCondition(relay, v1alpha1.ConditionDeadLettersClear)
+	require.NotNil(t, c)
+	require.Equal(t, metav1.ConditionFalse, c.Status)
+	require.Equal(t, string(v1alpha1.ReasonDeadLettersPresent), c.Reason)
+	require.Contains(t, c.Message, "3 rows are parked in table outbox_events_dead_letters")
+	require.Contains(t, c.Message, "`relay dead-letters list`")
+	ready := findCondition(relay, v1alpha1.ConditionReady)
+	require.Equal(t, string(v1alpha1.ReasonRelaysReady), ready.Reason, "parked rows do not make the relay unready: %s", ready.Message)
+	ev := s.waitEvent(t, key, v1alpha1.ReasonDeadLettersPresent)
+	require.Equal(t, corev1.EventTypeWarning, ev.Type)
+	require.Equal(t, c.Message, ev.Note)
+	requireGauge(t, s, "outbox_operator_relay_dead_letters", key, 3)
+	requireGauge(t, s, "outbox_operator_relay_backlog", key, 1)
+
+	// A person retried or discarded them: the condition clears, with a
+	// Normal Event.
+	_, err = conn.Exec(ctx, `DELETE FROM outbox_events_dead_letters`)
+	require.NoError(t, err)
+	s.waitCondition(t, key, v1alpha1.ConditionDeadLettersClear, metav1.ConditionTrue, v1alpha1.ReasonNoDeadLetters)
+	require.Equal(t, corev1.EventTypeNormal, s.waitEvent(t, key, v1alpha1.ReasonNoDeadLetters).Type)
+	requireGauge(t, s, "outbox_operator_relay_dead_letters", key, 0)
+
+	// Deleting the relay removes its series.
+	require.NoError(t, s.c.Delete(ctx, s.relay(t, key)))
+	eventually(t, "no dead-letter gauge for the deleted relay", func() error {
+		if v, err := gaugeValue(s, "outbox_operator_relay_dead_letters", key); err == nil {
+			return fmt.Errorf("still reported: %v", v)
+		}
+		return nil
+	})
+}
+
 func testSuspendScalesToZero(t *testing.T, s *suite) {
 	key, _ := s.readyRelay(t, withSuspend())
 	s.waitDeployment(t, key, "0 replicas", func(d *appsv1.Deployment) error {
@@ -493,10 +558,11 @@ func testPrinterColumns(t *testing.T, s *suite) {
 	key, conn := s.readyRelay(t, withStream("orders.events"))
 	_, err := conn.Exec(context.Background(), `INSERT INTO outbox_events (event_type, payload) SELECT 't', '{}' FROM generate_series(1, 42)`)
 	require.NoError(t, err)
+	park(t, conn, 2)
 	s.markAvailable(t, key)
-	s.waitStatus(t, key, "backlog 42 and 1/1 relays", func(st *v1alpha1.OutboxRelayStatus) error {
-		if ptr.Deref(st.Backlog, -1) != 42 || st.ReplicaSummary != "1/1" {
-			return fmt.Errorf("backlog %v, replicas %s", ptr.Deref(st.Backlog, -1), st.ReplicaSummary)
+	s.waitStatus(t, key, "backlog 42, 2 dead letters and 1/1 relays", func(st *v1alpha1.OutboxRelayStatus) error {
+		if ptr.Deref(st.Backlog, -1) != 42 || ptr.Deref(st.DeadLetters, -1) != 2 || st.ReplicaSummary != "1/1" {
+			return fmt.Errorf("backlog %v, deadLetters %v, replicas %s", ptr.Deref(st.Backlog, -1), ptr.Deref(st.DeadLetters, -1), st.ReplicaSummary)
 		}
 		return nil
 	})
@@ -519,15 +585,17 @@ func testPrinterColumns(t *testing.T, s *suite) {
 	for _, c := range table.ColumnDefinitions {
 		names = append(names, c.Name)
 	}
-	require.Equal(t, []string{"Name", "Stream", "Backlog", "Oldest", "Replicas", "Ready", "Reason", "Age"}, names)
+	require.Equal(t, []string{"Name", "Stream", "Backlog", "Oldest", "Dead-Letters", "Replicas", "Ready", "Reason", "Age"}, names)
+	require.Equal(t, int32(1), table.ColumnDefinitions[4].Priority, "Dead-Letters shows with -o wide only")
 	require.Len(t, table.Rows, 1)
 	cells := table.Rows[0].Cells
 	require.Equal(t, "orders", cells[0])
 	require.Equal(t, "orders.events", cells[1])
 	require.EqualValues(t, 42, cells[2])
 	require.NotEmpty(t, cells[3], "the oldest pending row's time, shown as an age")
-	require.Equal(t, "1/1", cells[4])
-	require.Contains(t, []any{"True", "False"}, cells[5])
+	require.EqualValues(t, 2, cells[4])
+	require.Equal(t, "1/1", cells[5])
+	require.Contains(t, []any{"True", "False"}, cells[6])
 }
 
 func testCanaryPasswordNeverLeaks(t *testing.T, s *suite) {
@@ -614,9 +682,11 @@ func findCondition(relay *v1alpha1.OutboxRelay, typ v1alpha1.ConditionType) *met
 	return nil
 }
 
-// waitEvent waits for an Event about the relay with the reason.
-func (s *suite) waitEvent(t *testing.T, key types.NamespacedName, reason v1alpha1.Reason) {
+// waitEvent waits for an Event about the relay with the reason, and returns
+// it.
+func (s *suite) waitEvent(t *testing.T, key types.NamespacedName, reason v1alpha1.Reason) *eventsv1.Event {
 	t.Helper()
+	var found *eventsv1.Event
 	eventually(t, fmt.Sprintf("an Event %s about %s", reason, key), func() error {
 		var events eventsv1.EventList
 		if err := s.c.List(context.Background(), &events, client.InNamespace(key.Namespace)); err != nil {
@@ -626,6 +696,7 @@ func (s *suite) waitEvent(t *testing.T, key types.NamespacedName, reason v1alpha
 		for _, e := range events.Items {
 			if e.Regarding.Name == key.Name && e.Regarding.Kind == "OutboxRelay" {
 				if e.Reason == string(reason) {
+					found = &e
 					return nil
 				}
 				seen = append(seen, e.Reason)
@@ -633,6 +704,7 @@ func (s *suite) waitEvent(t *testing.T, key types.NamespacedName, reason v1alpha
 		}
 		return fmt.Errorf("events so far: %v", seen)
 	})
+	return found
 }
 
 // gaugeValue returns the value of a relay's gauge, or an error when it has

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
 	"github.com/outbox-dev/outbox-operator/internal/backlog"
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
 // condition is the outcome of one check: the status, reason and message of
@@ -39,9 +40,10 @@ func unknownCondition(reason v1alpha1.Reason, message string) condition {
 	return condition{metav1.ConditionUnknown, reason, message}
 }
 
-// conditions are the evaluated conditions of one reconcile.
+// conditions are the evaluated conditions of one reconcile. deadLetters is
+// not part of the Ready chain.
 type conditions struct {
-	secrets, database, backlog, relays, ready condition
+	secrets, database, backlog, relays, deadLetters, ready condition
 }
 
 // computeStatus is the status the reconcile observed. It is pure: every
@@ -58,6 +60,7 @@ func computeStatus(st *relayState) v1alpha1.OutboxRelayStatus {
 			s.OldestPendingTime = metaTime(*last.Backlog.Oldest)
 		}
 		s.LastBacklogCheckTime = metaTime(last.CheckedAt)
+		s.DeadLetters = ptr.To(last.Backlog.DeadLetters)
 	}
 	if st.deploymentWritten {
 		s.DesiredReplicas = ptr.To(st.decision.Replicas)
@@ -84,6 +87,7 @@ func computeStatus(st *relayState) v1alpha1.OutboxRelayStatus {
 		{v1alpha1.ConditionDatabaseReachable, c.database},
 		{v1alpha1.ConditionBacklogHealthy, c.backlog},
 		{v1alpha1.ConditionRelaysAvailable, c.relays},
+		{v1alpha1.ConditionDeadLettersClear, c.deadLetters},
 		{v1alpha1.ConditionReady, c.ready},
 	} {
 		meta.SetStatusCondition(&s.Conditions, metav1.Condition{
@@ -108,10 +112,11 @@ func metaTime(t time.Time) *metav1.Time {
 // evaluateConditions evaluates each condition, then Ready from them.
 func evaluateConditions(st *relayState, s *v1alpha1.OutboxRelayStatus) conditions {
 	c := conditions{
-		secrets:  secretsCondition(st),
-		database: databaseCondition(st),
-		backlog:  backlogCondition(st, s),
-		relays:   relaysCondition(st, s),
+		secrets:     secretsCondition(st),
+		database:    databaseCondition(st),
+		backlog:     backlogCondition(st, s),
+		relays:      relaysCondition(st, s),
+		deadLetters: deadLettersCondition(st, s),
 	}
 	c.ready = readyCondition(st, c)
 	return c
@@ -180,6 +185,47 @@ func backlogCondition(st *relayState, s *v1alpha1.OutboxRelayStatus) condition {
 	}
 	return trueCondition(v1alpha1.ReasonBacklogWithinLimit,
 		"no undispatched row is older than backlog.stalledAfter (%s)", limit)
+}
+
+// deadLettersCondition reports the parked rows counted in the status. Like
+// backlogCondition, it is Unknown when the last check failed; the count in
+// the status stays then, so a recovery makes no new Event (deadLettersEvent).
+func deadLettersCondition(st *relayState, s *v1alpha1.OutboxRelayStatus) condition {
+	if st.backlog != nil && st.backlog.Last != nil && st.backlog.Last.Failure != nil {
+		return unknownCondition(v1alpha1.ReasonBacklogUnknown, "the last backlog check failed")
+	}
+	if s.DeadLetters == nil {
+		return unknownCondition(v1alpha1.ReasonBacklogUnknown, "the dead-letter table has not been checked yet")
+	}
+	table := "the dead-letter table"
+	if st.table != nil {
+		table = "table " + st.table.DeadLetterTable()
+	}
+	if n := *s.DeadLetters; n > 0 {
+		return falseCondition(v1alpha1.ReasonDeadLettersPresent, deadLettersMessage(n, table, listDeadLettersCommand(st.table)))
+	}
+	return trueCondition(v1alpha1.ReasonNoDeadLetters, "no row is parked in %s", table)
+}
+
+// deadLettersMessage says how many rows are parked where, why that matters
+// and what to run.
+func deadLettersMessage(n int64, table, command string) string {
+	rows := fmt.Sprintf("%d rows are", n)
+	if n == 1 {
+		rows = "1 row is"
+	}
+	return fmt.Sprintf("%s parked in %s because they cannot be published; they are not part of the backlog "+
+		"and stay there until retried or discarded: see them with `%s`", rows, table, command)
+}
+
+// listDeadLettersCommand is the command that lists a table's parked rows:
+// the relay needs --table unless the table is the default one.
+func listDeadLettersCommand(table *outbox.Table) string {
+	const cmd = "relay dead-letters list"
+	if table == nil || table.String() == outbox.DefaultTable {
+		return cmd
+	}
+	return cmd + " --table=" + table.String()
 }
 
 // relaysCondition compares the Deployment's rollout with desiredReplicas.
@@ -315,7 +361,7 @@ func (w *writtenStatuses) forget(key types.NamespacedName) {
 }
 
 // recordTransitions logs and emits an Event for each transition: a new
-// Ready reason, and a new replica count.
+// Ready reason, parked rows appearing or gone, and a new replica count.
 func (r *OutboxRelayReconciler) recordTransitions(ctx context.Context, relay *v1alpha1.OutboxRelay, old, now *v1alpha1.OutboxRelayStatus) {
 	log := logf.FromContext(ctx)
 	oldReady := meta.FindStatusCondition(old.Conditions, string(v1alpha1.ConditionReady))
@@ -332,6 +378,18 @@ func (r *OutboxRelayReconciler) recordTransitions(ctx context.Context, relay *v1
 			r.event(relay, eventType, ready.Reason, "Reconcile", ready.Message)
 		}
 	}
+	if reason, ok := deadLettersEvent(old.DeadLetters, now.DeadLetters); ok {
+		msg := "the dead-letter table is empty"
+		if c := meta.FindStatusCondition(now.Conditions, string(v1alpha1.ConditionDeadLettersClear)); c != nil {
+			msg = c.Message
+		}
+		eventType := corev1.EventTypeNormal
+		if reason.IsFailure() {
+			eventType = corev1.EventTypeWarning
+		}
+		log.Info("Changed dead-letter state", "reason", reason, "deadLetters", *now.DeadLetters)
+		r.event(relay, eventType, string(reason), "MeasureBacklog", msg)
+	}
 	if old.DesiredReplicas != nil && now.DesiredReplicas != nil && *old.DesiredReplicas != *now.DesiredReplicas {
 		msg := fmt.Sprintf("scaled the relays from %d to %d", *old.DesiredReplicas, *now.DesiredReplicas)
 		if now.Backlog != nil {
@@ -340,6 +398,23 @@ func (r *OutboxRelayReconciler) recordTransitions(ctx context.Context, relay *v1
 		log.Info("Scaled relays", "from", *old.DesiredReplicas, "to", *now.DesiredReplicas, "backlog", ptr.Deref(now.Backlog, -1))
 		r.event(relay, corev1.EventTypeNormal, string(v1alpha1.ReasonScaled), "Scale", msg)
 	}
+}
+
+// deadLettersEvent says which Event, if any, a change of status.deadLetters
+// makes: DeadLettersPresent when parked rows appear where there were none
+// (or none had been counted yet), NoDeadLetters when the last of them is
+// gone. A count that grows or shrinks but stays above zero makes none, and
+// neither does a failed check (it keeps the count).
+func deadLettersEvent(old, now *int64) (v1alpha1.Reason, bool) {
+	switch {
+	case now == nil:
+		return "", false
+	case *now > 0 && ptr.Deref(old, 0) == 0:
+		return v1alpha1.ReasonDeadLettersPresent, true
+	case *now == 0 && ptr.Deref(old, 0) > 0:
+		return v1alpha1.ReasonNoDeadLetters, true
+	}
+	return "", false
 }
 
 func (r *OutboxRelayReconciler) event(relay *v1alpha1.OutboxRelay, eventType, reason, action, note string) {

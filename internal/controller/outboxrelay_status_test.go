@@ -76,6 +76,7 @@ func TestComputeStatusReadyChain(t *testing.T) {
 			v1alpha1.ConditionDatabaseReachable: v1alpha1.ReasonBacklogMeasured,
 			v1alpha1.ConditionBacklogHealthy:    v1alpha1.ReasonBacklogWithinLimit,
 			v1alpha1.ConditionRelaysAvailable:   v1alpha1.ReasonRelaysAvailable,
+			v1alpha1.ConditionDeadLettersClear:  v1alpha1.ReasonNoDeadLetters,
 		}},
 		{"SecretNotFound", []stateOption{func(st *relayState) {
 			st.secrets, st.backlog, st.deploymentWritten = nil, nil, false
@@ -119,6 +120,8 @@ func TestComputeStatusReadyChain(t *testing.T) {
 			metav1.ConditionFalse, v1alpha1.ReasonRelaysProgressing, nil},
 		{"ScalingUp", []stateOption{func(st *relayState) { st.decision.Replicas = 3 }},
 			metav1.ConditionFalse, v1alpha1.ReasonRelaysProgressing, nil},
+		{"DeadLettersLeaveReadyAlone", []stateOption{parked(3)}, metav1.ConditionTrue, v1alpha1.ReasonRelaysReady,
+			map[v1alpha1.ConditionType]v1alpha1.Reason{v1alpha1.ConditionDeadLettersClear: v1alpha1.ReasonDeadLettersPresent}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -135,7 +138,7 @@ func TestComputeStatusReadyChain(t *testing.T) {
 				require.NotNil(t, c, typ)
 				require.Equal(t, string(reason), c.Reason, "%s: %s", typ, c.Message)
 			}
-			require.Len(t, s.Conditions, 5)
+			require.Len(t, s.Conditions, 6)
 		})
 	}
 }
@@ -144,6 +147,11 @@ func withStateSuspend(st *relayState) {
 	st.relay.Spec.Suspend = true
 	st.decision.Replicas = 0
 	st.resources.deployment = availableDeployment(0)
+}
+
+// parked sets the count of parked rows the last check found.
+func parked(n int64) stateOption {
+	return func(st *relayState) { st.backlog.Last.Backlog.DeadLetters = n }
 }
 
 func oldestAgo(d time.Duration) stateOption {
@@ -155,7 +163,7 @@ func oldestAgo(d time.Duration) stateOption {
 
 func TestComputeStatusFields(t *testing.T) {
 	t.Parallel()
-	st := newState(func(st *relayState) {
+	st := newState(parked(3), func(st *relayState) {
 		since := statusNow.Add(-time.Minute)
 		st.decision = scaling.Decision{Replicas: 2, ScaleDownPendingSince: &since}
 		st.resources.deployment.Status.ReadyReplicas = 1
@@ -164,6 +172,7 @@ func TestComputeStatusFields(t *testing.T) {
 	s := computeStatus(st)
 	require.Equal(t, int64(4), s.ObservedGeneration)
 	require.Equal(t, ptr.To[int64](10), s.Backlog)
+	require.Equal(t, ptr.To[int64](3), s.DeadLetters, "parked rows are counted apart from the backlog")
 	require.Equal(t, statusNow.Add(-time.Minute), s.OldestPendingTime.Time)
 	require.Equal(t, statusNow.Add(-time.Second), s.LastBacklogCheckTime.Time)
 	require.Equal(t, ptr.To[int32](2), s.DesiredReplicas)
@@ -177,12 +186,14 @@ func TestComputeStatusKeepsLastMeasurementOnFailure(t *testing.T) {
 	t.Parallel()
 	st := newState(failed(backlog.CauseUnreachable, "refused"), func(st *relayState) {
 		st.relay.Status.Backlog = ptr.To[int64](99)
+		st.relay.Status.DeadLetters = ptr.To[int64](7)
 		st.relay.Status.LastBacklogCheckTime = metaTime(statusNow.Add(-time.Hour))
 		st.relay.Status.DesiredReplicas = ptr.To[int32](5)
 		st.deploymentWritten = false
 	})
 	s := computeStatus(st)
 	require.Equal(t, ptr.To[int64](99), s.Backlog, "a failed check keeps the last measurement")
+	require.Equal(t, ptr.To[int64](7), s.DeadLetters, "a failed check keeps the last count of parked rows")
 	require.Equal(t, statusNow.Add(-time.Hour), s.LastBacklogCheckTime.Time)
 	require.Equal(t, ptr.To[int32](5), s.DesiredReplicas, "children not written: the desired count stays")
 }
@@ -231,4 +242,82 @@ func TestRequeueAfter(t *testing.T) {
 
 	st = newState(func(st *relayState) { st.backlog = &backlog.Observation{InFlight: true} })
 	require.Equal(t, 11*time.Second, st.requeueAfter(10*time.Second))
+}
+
+func TestDeadLettersCondition(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name     string
+		opts     []stateOption
+		status   metav1.ConditionStatus
+		reason   v1alpha1.Reason
+		messages []string
+	}{
+		{"None", nil, metav1.ConditionTrue, v1alpha1.ReasonNoDeadLetters,
+			[]string{"no row is parked in table outbox_events_dead_letters"}},
+		{"Some", []stateOption{parked(3)}, metav1.ConditionFalse, v1alpha1.ReasonDeadLettersPresent, []string{
+			"3 rows are parked in table outbox_events_dead_letters because they cannot be published",
+			"not part of the backlog", "see them with `relay dead-letters list`",
+		}},
+		{"One", []stateOption{parked(1)}, metav1.ConditionFalse, v1alpha1.ReasonDeadLettersPresent,
+			[]string{"1 row is parked in"}},
+		{"OtherTableNeedsTheFlag", []stateOption{parked(2), func(st *relayState) {
+			st.table = outbox.MustNew("app.events", outbox.Columns{})
+		}}, metav1.ConditionFalse, v1alpha1.ReasonDeadLettersPresent, []string{
+			"parked in table app.events_dead_letters", "`relay dead-letters list --table=app.events`",
+		}},
+		{"NotMeasuredYet", []stateOption{func(st *relayState) { st.backlog = &backlog.Observation{InFlight: true} }},
+			metav1.ConditionUnknown, v1alpha1.ReasonBacklogUnknown, []string{"not been checked yet"}},
+		{"CountFromBeforeARestart", []stateOption{func(st *relayState) {
+			st.backlog = &backlog.Observation{InFlight: true}
+			st.relay.Status.DeadLetters = ptr.To[int64](4)
+		}}, metav1.ConditionFalse, v1alpha1.ReasonDeadLettersPresent, []string{"4 rows are parked"}},
+		{"CheckFailed", []stateOption{failed(backlog.CauseUnreachable, "refused"), func(st *relayState) {
+			st.relay.Status.DeadLetters = ptr.To[int64](4)
+		}}, metav1.ConditionUnknown, v1alpha1.ReasonBacklogUnknown, []string{"the last backlog check failed"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := computeStatus(newState(tc.opts...))
+			c := meta.FindStatusCondition(s.Conditions, string(v1alpha1.ConditionDeadLettersClear))
+			require.NotNil(t, c)
+			require.Equal(t, tc.status, c.Status, c.Message)
+			require.Equal(t, string(tc.reason), c.Reason, c.Message)
+			require.Equal(t, int64(4), c.ObservedGeneration)
+			for _, m := range tc.messages {
+				require.Contains(t, c.Message, m)
+			}
+		})
+	}
+}
+
+func TestDeadLettersEvent(t *testing.T) {
+	t.Parallel()
+	n := ptr.To[int64]
+	cases := []struct {
+		name     string
+		old, now *int64
+		reason   v1alpha1.Reason // empty: no Event
+	}{
+		{"NeverMeasured", nil, nil, ""},
+		{"FirstCheckFindsNone", nil, n(0), ""},
+		{"FirstCheckFindsSome", nil, n(3), v1alpha1.ReasonDeadLettersPresent},
+		{"Appeared", n(0), n(1), v1alpha1.ReasonDeadLettersPresent},
+		{"Grew", n(1), n(5), ""},
+		{"Shrank", n(5), n(2), ""},
+		{"Cleared", n(2), n(0), v1alpha1.ReasonNoDeadLetters},
+		{"StillNone", n(0), n(0), ""},
+		{"CountDropped", n(2), nil, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			reason, ok := deadLettersEvent(tc.old, tc.now)
+			require.Equal(t, tc.reason != "", ok)
+			require.Equal(t, tc.reason, reason)
+		})
+	}
+	require.True(t, v1alpha1.ReasonDeadLettersPresent.IsFailure(), "a Warning")
+	require.False(t, v1alpha1.ReasonNoDeadLetters.IsFailure(), "a Normal Event")
 }
