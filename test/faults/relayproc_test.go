@@ -103,7 +103,7 @@ func startRelay(t testing.TB, name string, env relayEnv, args ...string) *relayP
 				<-p.done
 			}
 			if t.Failed() {
-				t.Logf("--- relay %s (pid %d, %s) output:\n%s", p.name, p.cmd.Process.Pid, p.waitErr, tail(p.out.String(), 16<<10))
+				t.Logf("--- relay %s (pid %d, exit: %v) output:\n%s", p.name, p.cmd.Process.Pid, p.waitErr, tail(p.out.String(), 16<<10))
 			}
 		})
 		err := p.waitHealthy()
