@@ -16,7 +16,7 @@ func newBacklogCommand(c *common) *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
 		Use:   "backlog",
-		Short: "Print the count of undispatched rows and the oldest created_at",
+		Short: "Print the count of undispatched rows, the oldest created_at and the count of parked rows",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "text" && output != "json" {
@@ -35,7 +35,8 @@ func newBacklogCommand(c *common) *cobra.Command {
 				if b.Oldest != nil {
 					oldest = fmt.Sprintf("%s (%s ago)", b.Oldest.UTC().Format(time.RFC3339), b.Age(time.Now()).Round(time.Second))
 				}
-				_, err = fmt.Fprintf(w, "table:   %s\nbacklog: %d\noldest:  %s\n", t, b.Count, oldest)
+				_, err = fmt.Fprintf(w, "table:        %s\nbacklog:      %d\noldest:       %s\ndead letters: %d (relay dead-letters list)\n",
+					t, b.Count, oldest, b.DeadLetters)
 				return err
 			})
 		},

@@ -35,12 +35,13 @@ func TestBacklogEmpty(t *testing.T) {
 	env := relayEnv("DATABASE_URL=" + dsn) // backlog needs no REDIS_URL
 
 	res := requireSuccess(t, env, "backlog")
-	require.Equal(t, "table:   outbox_events\nbacklog: 0\noldest:  none\n", res.stdout)
+	require.Equal(t, "table:        outbox_events\nbacklog:      0\noldest:       none\ndead letters: 0 (relay dead-letters list)\n", res.stdout)
 
 	raw, count, oldest := backlogJSON(t, env, "--output", "json")
 	require.Zero(t, count)
 	require.Nil(t, oldest)
-	require.Contains(t, raw, "oldest", `docs/relay-cli.md: {"count":N,"oldest":"RFC3339"|null}; oldest is null when nothing is pending`)
+	require.Contains(t, raw, "oldest", `docs/relay-cli.md: {"count":N,"oldest":"RFC3339"|null,"deadLetters":N}; oldest is null when nothing is pending`)
+	require.EqualValues(t, 0, raw["deadLetters"])
 	require.Nil(t, raw["oldest"])
 }
 
@@ -69,8 +70,8 @@ func TestBacklogCountsPendingRows(t *testing.T) {
 	require.True(t, want.Equal(*oldest))
 
 	res := requireSuccess(t, env, "backlog")
-	require.Regexp(t, regexp.MustCompile(`^table:   outbox_events\nbacklog: 3\noldest:  `+
-		regexp.QuoteMeta(want.UTC().Format(time.RFC3339))+` \(2h\d+m\d+s ago\)\n$`), res.stdout)
+	require.Regexp(t, regexp.MustCompile(`^table:        outbox_events\nbacklog:      3\noldest:       `+
+		regexp.QuoteMeta(want.UTC().Format(time.RFC3339))+` \(2h\d+m\d+s ago\)\ndead letters: 0 `), res.stdout)
 
 	res = execRelay(t, env, "backlog", "--output", "yaml")
 	require.NotZero(t, res.code)

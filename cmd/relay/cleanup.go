@@ -14,6 +14,7 @@ import (
 func newCleanupCommand(c *common) *cobra.Command {
 	var retention time.Duration
 	var batchSize int
+	var dropPartitions bool
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Delete dispatched rows older than the retention, in bounded batches",
@@ -27,6 +28,15 @@ func newCleanupCommand(c *common) *cobra.Command {
 			}
 			return withPool(cmd.Context(), c, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
 				start := time.Now()
+				if dropPartitions {
+					dropped, err := t.DropDispatchedPartitions(ctx, db, db, retention)
+					for _, p := range dropped {
+						_, _ = fmt.Fprintf(cmd.OutOrStdout(), "dropped partition %s: every row dispatched more than %s ago\n", p, retention)
+					}
+					if err != nil {
+						return err
+					}
+				}
 				n, err := t.DeleteAllDispatched(ctx, db, retention, batchSize, nil)
 				_, _ = fmt.Fprintf(cmd.OutOrStdout(), "deleted %d dispatched rows older than %s from %s in %s\n",
 					n, retention, t, time.Since(start).Round(time.Millisecond))
@@ -36,6 +46,8 @@ func newCleanupCommand(c *common) *cobra.Command {
 	}
 	cmd.Flags().DurationVar(&retention, "retention", 72*time.Hour, "keep dispatched rows this long")
 	cmd.Flags().IntVar(&batchSize, "batch-size", 1000, "rows deleted per statement")
+	cmd.Flags().BoolVar(&dropPartitions, "drop-partitions", false,
+		"first detach and drop each partition whose rows are all dispatched past the retention (declarative partitioning; needs the table's owner)")
 	return cmd
 }
 

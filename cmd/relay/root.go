@@ -73,7 +73,8 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	c.addFlags(root.PersistentFlags())
-	root.AddCommand(newRunCommand(&c), newCleanupCommand(&c), newBacklogCommand(&c), newSchemaCommand(&c))
+	root.AddCommand(newRunCommand(&c), newCleanupCommand(&c), newBacklogCommand(&c), newSchemaCommand(&c),
+		newDeadLettersCommand(&c))
 	return root
 }
 

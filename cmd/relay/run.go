@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-dev/outbox-operator/internal/netdial"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/internal/relay"
 )
@@ -33,8 +35,29 @@ type runOptions struct {
 	maxLen                   int64
 	maxPayloadBytes          int
 	missingTableRetry        time.Duration
+	tcp                      netdial.TCP
 	metricsAddr, probeAddr   string
 }
+
+// Defaults of the TCP flags: a silent PostgreSQL or Redis peer is noticed
+// within about 30 s while data is in flight (TCP_USER_TIMEOUT) and within
+// about 60 s on an idle link (keepalives).
+const (
+	defaultTCPUserTimeout    = 30 * time.Second
+	defaultKeepaliveIdle     = 30 * time.Second
+	defaultKeepaliveInterval = 10 * time.Second
+	defaultKeepaliveCount    = 3
+)
+
+// netdialDefaults are the TCP settings of the other commands' Redis links.
+func netdialDefaults() netdial.TCP {
+	return netdial.TCP{UserTimeout: defaultTCPUserTimeout, KeepaliveIdle: defaultKeepaliveIdle,
+		KeepaliveInterval: defaultKeepaliveInterval, KeepaliveCount: defaultKeepaliveCount}
+}
+
+// idleSpare is the least time left between a batch's longest wait in an
+// open transaction and the idle-in-transaction limit.
+const idleSpare = 5 * time.Second
 
 func newRunCommand(c *common) *cobra.Command {
 	var o runOptions
@@ -64,6 +87,12 @@ func newRunCommand(c *common) *cobra.Command {
 	fs.IntVar(&o.maxPayloadBytes, "max-payload-bytes", relay.DefaultMaxPayloadBytes, "larger payloads are dead-lettered")
 	fs.DurationVar(&o.missingTableRetry, "missing-table-retry-interval", relay.DefaultMissingTableBackoff,
 		"retry interval while the outbox table or one of its columns is missing")
+	fs.DurationVar(&o.tcp.UserTimeout, "tcp-user-timeout", defaultTCPUserTimeout,
+		"TCP_USER_TIMEOUT on both ends of the PostgreSQL link (the server's tcp_user_timeout) and on the Redis link: "+
+			"unacknowledged data (or a peer that stopped reading) ends the connection after this; 0 keeps the system's default")
+	fs.DurationVar(&o.tcp.KeepaliveIdle, "keepalive-idle", defaultKeepaliveIdle, "idle time before the first TCP keepalive probe (both ends of PostgreSQL, and Redis)")
+	fs.DurationVar(&o.tcp.KeepaliveInterval, "keepalive-interval", defaultKeepaliveInterval, "time between TCP keepalive probes")
+	fs.IntVar(&o.tcp.KeepaliveCount, "keepalive-count", defaultKeepaliveCount, "unanswered keepalive probes that end a connection")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of /metrics; 0 disables")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 disables")
 	return cmd
@@ -98,7 +127,33 @@ func (o *runOptions) validate() error {
 	if o.maxLen < 0 {
 		errs = append(errs, fmt.Errorf("--max-len %d: must be 0 (off) or positive", o.maxLen))
 	}
+	if o.tcp.UserTimeout < 0 || o.tcp.KeepaliveIdle < 0 || o.tcp.KeepaliveInterval < 0 || o.tcp.KeepaliveCount < 0 {
+		errs = append(errs, errors.New("--tcp-user-timeout, --keepalive-idle, --keepalive-interval and --keepalive-count must not be negative"))
+	}
+	if err := o.checkIdleLimit(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// checkIdleLimit refuses timeouts that let a healthy batch outlive the
+// idle-in-transaction limit: a batch's session sits idle in its open
+// transaction while the batches claimed before it publish (in-flight - 1 of
+// them at most) and while it publishes itself, each up to publish-timeout.
+// Past the limit the server ends the session, and every such batch would
+// roll back before its COMMIT, forever.
+func (o *runOptions) checkIdleLimit() error {
+	if o.publishTimeout <= 0 || o.idleInTxTimeout <= 0 || o.inFlight < 1 {
+		return nil // reported above
+	}
+	longestIdle := time.Duration(o.inFlight) * o.publishTimeout
+	if longestIdle+idleSpare <= o.idleInTxTimeout {
+		return nil
+	}
+	return fmt.Errorf("--publish-timeout %s x --in-flight %d = %s (plus %s to spare) must stay below --idle-in-transaction-timeout %s: "+
+		"a batch waits that long in its open transaction, and the server would end it before every COMMIT; "+
+		"lower --publish-timeout or raise --idle-in-transaction-timeout",
+		o.publishTimeout, o.inFlight, longestIdle, idleSpare, o.idleInTxTimeout)
 }
 
 func runRelay(ctx context.Context, c *common, o *runOptions) error {
@@ -126,6 +181,8 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		LockTimeout:              o.lockTimeout,
 		IdleInTransactionTimeout: o.idleInTxTimeout,
 		ApplicationName:          "outbox-relay",
+		TCP:                      o.tcp,
+		StablePlans:              true,
 	}, int32(o.inFlight)+2) // the batches in flight, the NOTIFY listener, one spare
 	if err != nil {
 		return err
@@ -135,7 +192,7 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		return fmt.Errorf("creating PostgreSQL pool: %w", err)
 	}
 	defer db.Close()
-	rdb, err := newRedisClient(redisURL, o.publishTimeout)
+	rdb, err := newRedisClient(redisURL, o.publishTimeout, o.tcp)
 	if err != nil {
 		return err
 	}
@@ -177,8 +234,11 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 
 // newRedisClient parses a redis:// or rediss:// URL. The client does not
 // retry on its own: a retried pipeline would add entries twice, and the
-// relay's loop already retries whole batches with backoff.
-func newRedisClient(url string, publishTimeout time.Duration) (*redis.Client, error) {
+// relay's loop already retries whole batches with backoff. Reads and writes
+// are bounded by the publish timeout (and each call's deadline), the dial
+// by at most 5 s, and the socket by the same keepalives and user timeout as
+// the PostgreSQL link.
+func newRedisClient(url string, publishTimeout time.Duration, tcp netdial.TCP) (*redis.Client, error) {
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		// go-redis errors do not echo the URL, but say nothing more to be safe.
@@ -187,7 +247,16 @@ func newRedisClient(url string, publishTimeout time.Duration) (*redis.Client, er
 	opts.MaxRetries = -1
 	opts.ContextTimeoutEnabled = true
 	opts.DialTimeout = min(publishTimeout, 5*time.Second)
+	opts.ReadTimeout = publishTimeout
+	opts.WriteTimeout = publishTimeout
 	opts.PoolSize = 4
+	dialer := tcp.Dialer(opts.DialTimeout)
+	if opts.TLSConfig != nil {
+		tlsDialer := &tls.Dialer{NetDialer: dialer, Config: opts.TLSConfig}
+		opts.Dialer = tlsDialer.DialContext
+	} else {
+		opts.Dialer = dialer.DialContext
+	}
 	return redis.NewClient(opts), nil
 }
 

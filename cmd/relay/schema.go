@@ -11,17 +11,17 @@ import (
 )
 
 func newSchemaCommand(c *common) *cobra.Command {
-	var apply, notify bool
+	var apply, notify, partitioned bool
 	cmd := &cobra.Command{
 		Use:   "schema",
-		Short: "Print the outbox DDL (table, partial index, optional NOTIFY trigger); --apply runs it",
+		Short: "Print the outbox DDL (table, partial index, dead-letter table, optional NOTIFY trigger); --apply runs it",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			t, err := c.outboxTable()
 			if err != nil {
 				return err
 			}
-			ddl := t.DDL(outbox.DDLOptions{Notify: notify})
+			ddl := t.DDL(outbox.DDLOptions{Notify: notify, Partitioned: partitioned})
 			if !apply {
 				_, err := fmt.Fprint(cmd.OutOrStdout(), ddl)
 				return err
@@ -37,5 +37,7 @@ func newSchemaCommand(c *common) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&apply, "apply", false, "run the DDL against DATABASE_URL")
 	cmd.Flags().BoolVar(&notify, "notify", false, "include the statement-level NOTIFY trigger")
+	cmd.Flags().BoolVar(&partitioned, "partitioned", false,
+		"a table range-partitioned on the created-at column, with a default partition (add one per day or month)")
 	return cmd
 }

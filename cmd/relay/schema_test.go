@@ -21,7 +21,7 @@ func TestSchemaPrintsDDL(t *testing.T) {
 		require.Contains(t, res.stdout, col)
 	}
 	require.Regexp(t, regexp.MustCompile(
-		`CREATE INDEX IF NOT EXISTS "\w+" ON "outbox_events" \("created_at"\) WHERE "dispatched_at" IS NULL;`), res.stdout,
+		`CREATE INDEX IF NOT EXISTS "\w+" ON "outbox_events" \("created_at", "id"\) WHERE "dispatched_at" IS NULL;`), res.stdout,
 		"the partial index on pending rows")
 	require.NotContains(t, res.stdout, "TRIGGER", "no trigger without --notify")
 	require.Empty(t, res.stderr)
@@ -30,10 +30,30 @@ func TestSchemaPrintsDDL(t *testing.T) {
 	require.Contains(t, res.stdout, `CREATE SCHEMA IF NOT EXISTS "app";`)
 	require.Contains(t, res.stdout, `CREATE TABLE IF NOT EXISTS "app"."outbox" (`)
 	require.Regexp(t, regexp.MustCompile(
-		`CREATE INDEX IF NOT EXISTS "\w+" ON "app"."outbox" \("ts"\) WHERE "dispatched_at" IS NULL;`), res.stdout)
+		`CREATE INDEX IF NOT EXISTS "\w+" ON "app"."outbox" \("ts", "id"\) WHERE "dispatched_at" IS NULL;`), res.stdout)
 	require.Regexp(t, regexp.MustCompile(`CREATE OR REPLACE TRIGGER "\w+" AFTER INSERT ON "app"."outbox"\s+FOR EACH STATEMENT`),
 		res.stdout)
 	require.Contains(t, res.stdout, "pg_notify(")
+	require.Contains(t, res.stdout, `CREATE TABLE IF NOT EXISTS "app"."outbox_dead_letters" (`, "the dead-letter table")
+}
+
+func TestSchemaPartitioned(t *testing.T) {
+	t.Parallel()
+	res := requireSuccess(t, relayEnv(), "schema", "--partitioned")
+	require.Contains(t, res.stdout, `PRIMARY KEY ("id", "created_at")`)
+	require.Contains(t, res.stdout, `) PARTITION BY RANGE ("created_at");`)
+	require.Contains(t, res.stdout, `CREATE TABLE IF NOT EXISTS "outbox_events_default" PARTITION OF "outbox_events" DEFAULT;`)
+
+	// It applies, twice, and the relay's statements run on it.
+	dsn, db := freshDB(t)
+	env := relayEnv("DATABASE_URL=" + dsn)
+	execSQL(t, db, `DROP TABLE outbox_events`)
+	requireSuccess(t, env, "schema", "--partitioned", "--apply")
+	requireSuccess(t, env, "schema", "--partitioned", "--apply")
+	execSQL(t, db, `CREATE TABLE outbox_events_2026 PARTITION OF outbox_events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`)
+	execSQL(t, db, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES ('a', '{}', '2026-06-01'), ('b', '{}', now())`)
+	_, count, _ := backlogJSON(t, env, "--output", "json")
+	require.EqualValues(t, 2, count)
 }
 
 // schemaState describes the objects of app.outbox.
@@ -50,7 +70,7 @@ func inspectAppOutbox(t *testing.T, db *pgxpool.Pool) schemaState {
 	s.tables = queryInt(t, db, `SELECT count(*) FROM pg_tables WHERE schemaname = 'app' AND tablename = 'outbox'`)
 	s.partialIndexes = queryInt(t, db, `SELECT count(*) FROM pg_indexes
 		WHERE schemaname = 'app' AND tablename = 'outbox'
-		AND indexdef LIKE '%(created_at) WHERE (dispatched_at IS NULL)'`)
+		AND indexdef LIKE '%(created_at, id) WHERE (dispatched_at IS NULL)'`)
 	if s.tables == 0 {
 		return s
 	}

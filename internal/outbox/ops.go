@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -29,9 +27,13 @@ type Event struct {
 	CreatedAt time.Time
 	// Malformed says why the row cannot be published as an event (a NULL
 	// id, type or payload); empty for a well-formed row. Such rows are
-	// claimed like the others, so that the relay can dead-letter them
-	// instead of stalling on them.
+	// claimed like the others, so that the relay can park them instead of
+	// stalling on them.
 	Malformed string
+
+	// null marks the id, type and payload columns that were NULL, so that a
+	// parked copy keeps NULL rather than an empty string.
+	null [3]bool
 }
 
 // Errors that callers map to conditions, log lines and metrics.
@@ -58,7 +60,9 @@ func (t *Table) classify(err error) error {
 }
 
 // Claim takes up to limit pending events and marks them dispatched, inside
-// tx. The events come back ordered by created_at (ties by id). Nothing is
+// tx. The events come back ordered by created_at, ties by the id, in the
+// order of the id column's type (numeric for a bigint, by its collation for
+// text). Nothing is
 // final until tx commits; a rollback returns every row to the outbox.
 func (t *Table) Claim(ctx context.Context, tx Querier, limit int) ([]Event, error) {
 	rows, err := tx.Query(ctx, t.ClaimSQL(), limit)
@@ -78,12 +82,9 @@ func (t *Table) Claim(ctx context.Context, tx Querier, limit int) ([]Event, erro
 	if err := rows.Err(); err != nil {
 		return nil, t.classify(err)
 	}
-	slices.SortStableFunc(events, func(a, b Event) int {
-		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
-			return c
-		}
-		return compareIDs(a.ID, b.ID)
-	})
+	if len(events) > limit { // the statement's own guarantee, checked: never more than asked
+		return nil, fmt.Errorf("claim returned %d rows for a batch of %d", len(events), limit)
+	}
 	return events, nil
 }
 
@@ -92,12 +93,13 @@ func (t *Table) Claim(ctx context.Context, tx Querier, limit int) ([]Event, erro
 func newEvent(c Columns, id, typ, payload *string, created *time.Time) Event {
 	var e Event
 	var missing []string
-	for _, f := range []struct {
+	for i, f := range []struct {
 		col string
 		src *string
 		dst *string
 	}{{c.ID, id, &e.ID}, {c.EventType, typ, &e.Type}, {c.Payload, payload, &e.Payload}} {
 		if f.src == nil {
+			e.null[i] = true
 			missing = append(missing, f.col)
 			continue
 		}
@@ -112,35 +114,15 @@ func newEvent(c Columns, id, typ, payload *string, created *time.Time) Event {
 	return e
 }
 
-// compareIDs orders numeric ids numerically and the rest as strings, so a
-// bigint id keeps its insertion order on ties of created_at.
-func compareIDs(a, b string) int {
-	ai, aerr := strconv.ParseInt(a, 10, 64)
-	bi, berr := strconv.ParseInt(b, 10, 64)
-	if aerr == nil && berr == nil {
-		switch {
-		case ai < bi:
-			return -1
-		case ai > bi:
-			return 1
-		}
-		return 0
-	}
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 // Backlog is the state of the pending rows.
 type Backlog struct {
 	// Count of rows not yet dispatched.
 	Count int64 `json:"count"`
 	// Oldest created_at among them; nil (JSON null) when there are none.
 	Oldest *time.Time `json:"oldest"`
+	// DeadLetters is the count of parked rows (in the dead-letter table),
+	// which Count leaves out; 0 when that table does not exist.
+	DeadLetters int64 `json:"deadLetters"`
 }
 
 // Age of the oldest pending row at now, zero when none is pending.
@@ -151,12 +133,18 @@ func (b Backlog) Age(now time.Time) time.Duration {
 	return max(now.Sub(*b.Oldest), 0)
 }
 
-// Backlog counts the pending rows and finds the oldest.
+// Backlog counts the pending rows, finds the oldest and counts the parked
+// ones.
 func (t *Table) Backlog(ctx context.Context, q Querier) (Backlog, error) {
 	var b Backlog
 	if err := q.QueryRow(ctx, t.BacklogSQL()).Scan(&b.Count, &b.Oldest); err != nil {
 		return Backlog{}, t.classify(err)
 	}
+	n, err := t.CountDeadLetters(ctx, q)
+	if err != nil {
+		return Backlog{}, err
+	}
+	b.DeadLetters = n
 	return b, nil
 }
 
@@ -188,48 +176,4 @@ func (t *Table) HasNotifyTrigger(ctx context.Context, q Querier) (bool, error) {
 		return false, t.classify(err)
 	}
 	return ok, nil
-}
-
-// SessionSettings are the run-time parameters every session that touches the
-// outbox sets, so a client cut off mid-transaction can never pin row locks
-// for long.
-type SessionSettings struct {
-	// StatementTimeout bounds every statement.
-	StatementTimeout time.Duration
-	// LockTimeout bounds every wait for a lock.
-	LockTimeout time.Duration
-	// IdleInTransactionTimeout ends a session that sits in an open
-	// transaction, releasing its locks.
-	IdleInTransactionTimeout time.Duration
-	// ApplicationName shows in pg_stat_activity.
-	ApplicationName string
-}
-
-// RuntimeParams returns the settings as pgx ConnConfig.RuntimeParams, with
-// TimeZone UTC (see the package doc).
-func (s SessionSettings) RuntimeParams() map[string]string {
-	p := map[string]string{"TimeZone": "UTC"}
-	if s.StatementTimeout > 0 {
-		p["statement_timeout"] = strconv.FormatInt(s.StatementTimeout.Milliseconds(), 10)
-	}
-	if s.LockTimeout > 0 {
-		p["lock_timeout"] = strconv.FormatInt(s.LockTimeout.Milliseconds(), 10)
-	}
-	if s.IdleInTransactionTimeout > 0 {
-		p["idle_in_transaction_session_timeout"] = strconv.FormatInt(s.IdleInTransactionTimeout.Milliseconds(), 10)
-	}
-	if s.ApplicationName != "" {
-		p["application_name"] = s.ApplicationName
-	}
-	return p
-}
-
-// Apply sets the settings on a parsed pgx configuration.
-func (s SessionSettings) Apply(cfg *pgconn.Config) {
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	for k, v := range s.RuntimeParams() {
-		cfg.RuntimeParams[k] = v
-	}
 }

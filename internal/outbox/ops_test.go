@@ -49,25 +49,6 @@ func TestDDLIsIdempotentAndCreatesTheIndexAndTrigger(t *testing.T) {
 	require.True(t, exists)
 }
 
-func TestClaimUsesThePartialIndex(t *testing.T) {
-	t.Parallel()
-	tbl := MustNew("", Columns{})
-	db := connect(t, tbl.DDL(DDLOptions{})+`
-		INSERT INTO outbox_events (event_type, payload, dispatched_at)
-		SELECT 't', 'p', CASE WHEN g % 100 = 0 THEN NULL ELSE now() END FROM generate_series(1, 20000) g;
-		ANALYZE outbox_events;`)
-	var plan string
-	rows, err := db.Query(context.Background(), "EXPLAIN "+tbl.ClaimSQL(), 500)
-	require.NoError(t, err)
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		plan += line + "\n"
-	}
-	require.NoError(t, rows.Err())
-	require.Contains(t, plan, tbl.PendingIndexName(), plan)
-}
-
 func TestBacklog(t *testing.T) {
 	t.Parallel()
 	tbl := MustNew("", Columns{})

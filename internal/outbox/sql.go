@@ -9,22 +9,33 @@ import (
 // with quoted identifiers by the Table methods below; values are always bind
 // parameters.
 const (
-	// claimSQL takes up to $1 pending rows, oldest first, skipping rows other
-	// relays hold, and marks them dispatched in the same statement. The rows
-	// are joined back by ctid: stable while the row is locked, and cheaper
-	// than an index lookup on the id. RETURNING does not keep the CTE's order,
-	// so callers sort by created_at (Claim does).
+	// claimSQL takes up to $1 pending rows, oldest first (created_at, then
+	// the id), skipping rows other relays hold, and marks them dispatched in
+	// the same statement. The rows are joined back by (tableoid, ctid): a
+	// ctid alone is unique only within one partition or inheritance child,
+	// and the pairing is what keeps a partitioned table from returning (and
+	// marking) rows the CTE never locked. The pending predicate is not
+	// repeated in the UPDATE: FOR UPDATE rechecked it under the row lock,
+	// and without it the only way to the rows (with the relay's planner
+	// settings, SessionSettings.StablePlans) is a TID scan per row, whatever
+	// the statistics say; with it the planner may rescan the pending index
+	// for every row of the batch. RETURNING does not keep the CTE's order,
+	// so the outer SELECT sorts by the same key, with the column's own
+	// collation.
 	claimSQL = `WITH batch AS (
-	SELECT ctid FROM %[1]s
+	SELECT tableoid, ctid FROM %[1]s
 	WHERE %[6]s IS NULL
-	ORDER BY %[5]s
+	ORDER BY %[5]s, %[2]s
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED
+), claimed AS (
+	UPDATE %[1]s AS o SET %[6]s = now()
+	FROM batch
+	WHERE o.tableoid = batch.tableoid AND o.ctid = batch.ctid
+	RETURNING o.%[2]s AS sort_id, o.%[5]s AS sort_created,
+		o.%[2]s::text AS r_id, o.%[3]s::text AS r_type, o.%[4]s::text AS r_payload, o.%[5]s::timestamptz AS r_created
 )
-UPDATE %[1]s AS o SET %[6]s = now()
-FROM batch
-WHERE o.ctid = batch.ctid
-RETURNING o.%[2]s::text, o.%[3]s::text, o.%[4]s::text, o.%[5]s::timestamptz`
+SELECT r_id, r_type, r_payload, r_created FROM claimed ORDER BY sort_created, sort_id`
 
 	// backlogSQL counts pending rows and finds the oldest. With the partial
 	// index both are index-only over the pending rows.
@@ -32,14 +43,35 @@ RETURNING o.%[2]s::text, o.%[3]s::text, o.%[4]s::text, o.%[5]s::timestamptz`
 
 	// cleanupSQL deletes up to $2 rows dispatched more than $1 seconds ago.
 	// Rows locked by someone else are skipped, so cleanup never waits on a
-	// relay.
+	// relay. Rows are joined back by (tableoid, ctid), unique across
+	// partitions, and the dispatched predicate is repeated, so a pending row
+	// can never be deleted.
 	cleanupSQL = `WITH doomed AS (
-	SELECT ctid FROM %[1]s
+	SELECT tableoid, ctid FROM %[1]s
 	WHERE %[6]s < now() - make_interval(secs => $1)
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 )
-DELETE FROM %[1]s AS o USING doomed WHERE o.ctid = doomed.ctid`
+DELETE FROM %[1]s AS o USING doomed
+WHERE o.tableoid = doomed.tableoid AND o.ctid = doomed.ctid
+	AND o.%[6]s < now() - make_interval(secs => $1)`
+
+	// partitionsSQL lists the leaf partitions of a declaratively
+	// partitioned table ($1), but its default partition, oldest first by
+	// name (the usual per-day names sort by date).
+	partitionsSQL = `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE i.inhparent = to_regclass($1) AND c.relispartition AND c.relkind = 'r'
+	AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'
+ORDER BY c.relname`
+
+	// partitionDroppableSQL (with %[14]s the partition) is true when the
+	// partition holds rows and every one is dispatched more than $1 seconds
+	// ago. An empty partition is left alone: it may be one made ahead of time.
+	partitionDroppableSQL = `SELECT EXISTS (SELECT 1 FROM %[14]s)
+	AND NOT EXISTS (SELECT 1 FROM %[14]s WHERE %[6]s IS NULL OR %[6]s >= now() - make_interval(secs => $1))`
 
 	// insertSQL writes one event with the id given by the caller.
 	insertSQL = `INSERT INTO %[1]s (%[2]s, %[3]s, %[4]s) VALUES ($1, $2, $3)`
@@ -65,7 +97,82 @@ DELETE FROM %[1]s AS o USING doomed WHERE o.ctid = doomed.ctid`
 	%[6]s timestamptz NULL
 );`
 
-	indexDDL = `CREATE INDEX IF NOT EXISTS %[7]s ON %[1]s (%[5]s) WHERE %[6]s IS NULL;`
+	// indexDDL serves the claim's order, (created_at, id), over pending rows
+	// only. On a partitioned table it is created on every partition; an
+	// inheritance parent's children need their own (docs/relay.md).
+	// partitionedTableDDL is tableDDL partitioned by range on created_at,
+	// with a default partition so no insert fails for want of one. The
+	// primary key must include the partition key.
+	partitionedTableDDL = `-- A range-partitioned outbox: create a partition per day (or month) ahead of time,
+-- e.g. CREATE TABLE %[12]s PARTITION OF %[1]s FOR VALUES FROM ('2026-12-01') TO ('2026-12-02');
+-- rows outside every partition land in the default one. relay cleanup drops a
+-- partition whose rows are all dispatched and past the retention (docs/relay.md).
+CREATE TABLE IF NOT EXISTS %[1]s (
+	%[2]s uuid NOT NULL DEFAULT gen_random_uuid(),
+	%[3]s text NOT NULL,
+	%[4]s text NOT NULL,
+	%[5]s timestamptz NOT NULL DEFAULT now(),
+	%[6]s timestamptz NULL,
+	PRIMARY KEY (%[2]s, %[5]s)
+) PARTITION BY RANGE (%[5]s);
+CREATE TABLE IF NOT EXISTS %[13]s PARTITION OF %[1]s DEFAULT;`
+
+	indexDDL = `CREATE INDEX IF NOT EXISTS %[7]s ON %[1]s (%[5]s, %[2]s) WHERE %[6]s IS NULL;`
+
+	// deadLetterDDL creates the table where rows that cannot be published are
+	// parked: a copy of the row (any column may be NULL: a malformed row is
+	// parked too), the stream it was meant for and why it was refused. The
+	// outbox table itself needs no extra column.
+	deadLetterDDL = `CREATE TABLE IF NOT EXISTS %[11]s (
+	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	event_id text NULL,
+	event_type text NULL,
+	payload text NULL,
+	created_at timestamptz NULL,
+	stream text NOT NULL,
+	reason text NOT NULL,
+	parked_at timestamptz NOT NULL DEFAULT now(),
+	attempts integer NOT NULL DEFAULT 1
+);`
+
+	// parkSQL copies one row into the dead-letter table.
+	parkSQL = `INSERT INTO %[11]s (event_id, event_type, payload, created_at, stream, reason)
+VALUES ($1, $2, $3, $4, $5, $6)`
+
+	// deadLetterColumns is the column list of a parked row; payload is read
+	// only when it is to be published.
+	deadLetterColumns = `id, event_id, event_type, created_at, stream, reason, parked_at, attempts, octet_length(payload)`
+
+	// listDeadLettersSQL selects parked rows by id ($1, empty: any) and
+	// parked_at range ($2, $3: NULL for open), oldest first, at most $4,
+	// after the id $5 (a cursor).
+	listDeadLettersSQL = `SELECT ` + deadLetterColumns + ` FROM %[11]s
+WHERE (cardinality($1::bigint[]) = 0 OR id = ANY($1))
+	AND ($2::timestamptz IS NULL OR parked_at >= $2)
+	AND ($3::timestamptz IS NULL OR parked_at < $3)
+	AND id > $5
+ORDER BY id
+LIMIT $4`
+
+	// lockDeadLettersSQL is listDeadLettersSQL with the payload, locking the
+	// rows for a retry or a discard.
+	lockDeadLettersSQL = `SELECT ` + deadLetterColumns + `, payload FROM %[11]s
+WHERE (cardinality($1::bigint[]) = 0 OR id = ANY($1))
+	AND ($2::timestamptz IS NULL OR parked_at >= $2)
+	AND ($3::timestamptz IS NULL OR parked_at < $3)
+	AND id > $5
+ORDER BY id
+LIMIT $4
+FOR UPDATE SKIP LOCKED`
+
+	// deleteDeadLetterSQL removes a parked row that was published or discarded.
+	deleteDeadLetterSQL = `DELETE FROM %[11]s WHERE id = $1`
+
+	// refuseDeadLetterSQL records a retry that failed again.
+	refuseDeadLetterSQL = `UPDATE %[11]s SET reason = $2, attempts = attempts + 1 WHERE id = $1`
+
+	// countDeadLettersSQL counts parked rows.
+	countDeadLettersSQL = `SELECT count(*) FROM %[11]s`
 
 	// The trigger is statement-level: one NOTIFY per inserting statement,
 	// not per row. NOTIFY serialises committing transactions on a global
@@ -80,9 +187,10 @@ CREATE OR REPLACE TRIGGER %[9]s AFTER INSERT ON %[1]s
 	FOR EACH STATEMENT EXECUTE FUNCTION %[8]s();`
 )
 
-// format fills a statement template with the table's quoted identifiers.
-func (t *Table) format(tmpl string) string {
-	return fmt.Sprintf(tmpl,
+// format fills a statement template with the table's quoted identifiers;
+// extra values (already quoted) follow as %[14]s and up.
+func (t *Table) format(tmpl string, extra ...any) string {
+	args := []any{
 		t.qTable,                               // 1
 		t.qID,                                  // 2
 		t.qType,                                // 3
@@ -93,7 +201,11 @@ func (t *Table) format(tmpl string) string {
 		t.qualified(t.objectName("notify_fn")), // 8
 		quote(t.TriggerName()),                 // 9
 		quoteLiteral(t.Channel()),              // 10
-	)
+		t.qualified(t.DeadLetterTableName()),   // 11
+		t.qualified(t.objectName("20261201")),  // 12 (an example partition)
+		t.qualified(t.objectName("default")),   // 13
+	}
+	return fmt.Sprintf(tmpl, append(args, extra...)...)
 }
 
 // quoteLiteral quotes a string known to match the identifier pattern (or a
@@ -121,18 +233,25 @@ func (t *Table) InsertDefaultIDSQL() string { return t.format(insertDefaultIDSQL
 type DDLOptions struct {
 	// Notify adds the statement-level NOTIFY trigger that wakes relays.
 	Notify bool
+	// Partitioned makes the table range-partitioned on created_at, with a
+	// default partition; the primary key becomes (id, created_at).
+	Partitioned bool
 }
 
 // DDL returns the statements that create the table in the default types
 // (uuid id, text type and payload, timestamptz times), its partial index on
-// pending rows and, optionally, the NOTIFY trigger. Every statement is
-// idempotent.
+// pending rows, the dead-letter table and, optionally, the NOTIFY trigger.
+// Every statement is idempotent.
 func (t *Table) DDL(opts DDLOptions) string {
 	var parts []string
 	if t.schema != "" {
 		parts = append(parts, "CREATE SCHEMA IF NOT EXISTS "+quote(t.schema)+";")
 	}
-	parts = append(parts, t.format(tableDDL), t.format(indexDDL))
+	table := tableDDL
+	if opts.Partitioned {
+		table = partitionedTableDDL
+	}
+	parts = append(parts, t.format(table), t.format(indexDDL), t.format(deadLetterDDL))
 	if opts.Notify {
 		parts = append(parts, t.format(triggerDDL))
 	}
@@ -141,3 +260,6 @@ func (t *Table) DDL(opts DDLOptions) string {
 
 // IndexDDL creates only the partial index, for an existing table.
 func (t *Table) IndexDDL() string { return t.format(indexDDL) + "\n" }
+
+// DeadLetterDDL creates only the dead-letter table, for an existing table.
+func (t *Table) DeadLetterDDL() string { return t.format(deadLetterDDL) + "\n" }

@@ -211,5 +211,18 @@ func (t *Table) qualified(name string) string {
 // PendingIndexName is the name of the partial index on pending rows.
 func (t *Table) PendingIndexName() string { return t.objectName("pending_idx") }
 
+// DeadLetterTableName is the name of the table where rows that cannot be
+// published are parked, in the outbox table's schema.
+func (t *Table) DeadLetterTableName() string { return t.objectName("dead_letters") }
+
+// DeadLetterTable is the dead-letter table's name as a person would type it,
+// schema-qualified when the outbox table is.
+func (t *Table) DeadLetterTable() string {
+	if t.schema != "" {
+		return t.schema + "." + t.DeadLetterTableName()
+	}
+	return t.DeadLetterTableName()
+}
+
 // TriggerName is the name of the optional NOTIFY trigger.
 func (t *Table) TriggerName() string { return t.objectName("notify") }

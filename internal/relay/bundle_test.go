@@ -69,6 +69,14 @@ func setup(t *testing.T, o bundleOpts) *testBundle {
 	return &testBundle{dsn: o.dsn, db: db, rdb: rdb, table: o.table, stream: testenv.Name(t)}
 }
 
+// deadLetters lists the parked rows.
+func (b *testBundle) deadLetters(t *testing.T) []outbox.DeadLetter {
+	t.Helper()
+	d, err := b.table.ListDeadLetters(context.Background(), b.db, outbox.DeadLetterFilter{})
+	require.NoError(t, err)
+	return d
+}
+
 // newRelay builds a relay on the bundle with quick retries and a quiet log.
 func (b *testBundle) newRelay(t *testing.T, cfg Config) *Relay {
 	t.Helper()

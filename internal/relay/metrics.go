@@ -10,6 +10,9 @@ const (
 	ErrorKindRedis        = "redis"
 	ErrorKindTableMissing = "table_not_found"
 	ErrorKindLayout       = "column_not_found"
+	// ErrorKindDeadLetterTableMissing: a row had to be parked and the
+	// dead-letter table does not exist.
+	ErrorKindDeadLetterTableMissing = "dead_letter_table_not_found"
 )
 
 // Metrics are the relay's Prometheus collectors.
@@ -32,7 +35,7 @@ func NewMetrics() *Metrics {
 		}),
 		EventsDeadLettered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_events_dead_lettered_total",
-			Help: "Outbox rows that could not be published and went to the dead-letter stream.",
+			Help: "Outbox rows that could not be published, parked in the dead-letter table and announced on the dead-letter stream.",
 		}),
 		Batches: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_batches_total",
@@ -57,7 +60,7 @@ func NewMetrics() *Metrics {
 			Help: "1 when the last pass reached PostgreSQL and Redis, else 0.",
 		}),
 	}
-	for _, k := range []string{ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout} {
+	for _, k := range []string{ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout, ErrorKindDeadLetterTableMissing} {
 		m.Errors.WithLabelValues(k)
 	}
 	return m

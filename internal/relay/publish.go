@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -26,19 +29,30 @@ type publishError struct{ err error }
 func (e *publishError) Error() string { return "publishing batch: " + e.err.Error() }
 func (e *publishError) Unwrap() error { return e.err }
 
-// publish adds every event to the stream in one pipeline, in order, under
-// the publish deadline. Events that can never be published go to the
-// dead-letter stream instead. It returns an error if any entry could not be
-// added to either stream; the caller then rolls the batch back.
-func (r *Relay) publish(ctx context.Context, events []outbox.Event) (published, deadLettered int, err error) {
+// parked is an event of the batch that will not be published: it is copied
+// to the dead-letter table by the batch's transaction.
+type parked struct {
+	event  outbox.Event
+	reason string
+}
+
+// publish adds every publishable event to the stream in one pipeline, in
+// order, under the publish deadline, and returns the events to park. It
+// returns an error, and the caller rolls the whole batch back, unless every
+// entry was either acknowledged or refused for a reason that can only mean
+// "this entry is bad" (entryRejections). A refused entry is remembered, so
+// that when the refusal also broke the connection (Redis closes it after an
+// over-long argument) the retried batch parks it without sending it again.
+func (r *Relay) publish(ctx context.Context, events []outbox.Event) (published int, dead []parked, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 
-	dead := make([]string, len(events)) // why event i is dead-lettered; "" if not
+	bulkLimit := r.bulkLimit.get(ctx, r.rdb)
+	reasons := make([]string, len(events)) // why event i is parked; "" if not
 	cmds := make([]*redis.StringCmd, len(events))
 	pipe := r.rdb.Pipeline()
 	for i, e := range events {
-		if dead[i] = r.unpublishable(e); dead[i] != "" {
+		if reasons[i] = r.unpublishable(e, bulkLimit); reasons[i] != "" {
 			continue
 		}
 		cmds[i] = pipe.XAdd(ctx, r.xaddArgs(r.cfg.Stream, e.ID, e.Type, e.Payload, ""))
@@ -46,124 +60,186 @@ func (r *Relay) publish(ctx context.Context, events []outbox.Event) (published, 
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // each command carries its own error
 	}
-	if err := r.rejections(events, cmds, dead); err != nil {
-		return 0, 0, &publishError{err}
+	var failed error
+	for i, cmd := range cmds {
+		if cmd == nil || cmd.Err() == nil {
+			continue
+		}
+		if reason, ok := entryRejection(cmd.Err()); ok {
+			reasons[i] = reason
+			r.refused.add(events[i].ID, reason)
+			continue
+		}
+		if failed == nil {
+			failed = fmt.Errorf("XADD %s event %s: %w", r.cfg.Stream, events[i].ID, cmd.Err())
+		}
+	}
+	if failed != nil {
+		r.bulkLimit.expire() // a lowered limit shows as a reset connection: read it again
+		return 0, nil, &publishError{failed}
 	}
 
 	pipe = r.rdb.Pipeline()
 	for i, e := range events {
-		if dead[i] == "" {
+		if reasons[i] == "" {
 			published++
 			continue
 		}
-		deadLettered++
+		dead = append(dead, parked{event: e, reason: reasons[i]})
 		payload := e.Payload
-		if len(payload) > r.cfg.MaxPayloadBytes {
-			payload = "" // the row keeps it; the entry says where to look
+		if e.Malformed == "" {
+			payload = "" // too big, or refused by Redis: the parked copy keeps it
 		}
-		r.log.Error("Dead-lettered an outbox row that cannot be published", "eventID", e.ID,
-			"eventType", e.Type, "reason", dead[i], "deadLetterStream", r.cfg.DeadLetterStream)
-		pipe.XAdd(ctx, r.xaddArgs(r.cfg.DeadLetterStream, e.ID, e.Type, payload, dead[i]))
+		pipe.XAdd(ctx, r.xaddArgs(r.cfg.DeadLetterStream, e.ID, e.Type, payload, reasons[i]))
 	}
 	if pipe.Len() > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
-			return 0, 0, &publishError{fmt.Errorf("dead-lettering: %w", err)}
+			return 0, nil, &publishError{fmt.Errorf("adding to the dead-letter stream %s: %w", r.cfg.DeadLetterStream, err)}
 		}
 	}
-	return published, deadLettered, nil
+	return published, dead, nil
 }
 
 // unpublishable says why an event can never be added to the stream, or "".
-func (r *Relay) unpublishable(e outbox.Event) string {
+// bulkLimit is Redis's proto-max-bulk-len, 0 when unknown.
+func (r *Relay) unpublishable(e outbox.Event, bulkLimit int64) string {
 	switch {
 	case e.Malformed != "":
 		return "malformed row: " + e.Malformed
 	case len(e.Payload) > r.cfg.MaxPayloadBytes:
-		return fmt.Sprintf("payload of %d bytes exceeds the limit of %d bytes; it stays in the outbox table until cleanup",
+		return fmt.Sprintf("payload of %d bytes exceeds the limit of %d bytes (--max-payload-bytes)",
 			len(e.Payload), r.cfg.MaxPayloadBytes)
+	case bulkLimit > 0 && int64(len(e.Payload)) > bulkLimit:
+		return fmt.Sprintf("rejected by Redis: payload of %d bytes exceeds its proto-max-bulk-len of %d bytes",
+			len(e.Payload), bulkLimit)
 	}
-	return ""
+	return r.refused.get(e.ID)
 }
 
-// rejections inspects each XADD's reply. An error reply that concerns the
-// entry alone marks it for the dead-letter stream; any other failure
-// (network, timeout, a fault of the server or the stream key) is returned,
-// and the whole batch is retried.
-func (r *Relay) rejections(events []outbox.Event, cmds []*redis.StringCmd, dead []string) error {
-	var entryErrs int
-	var sent int
-	for i, cmd := range cmds {
-		if cmd == nil {
-			continue
-		}
-		sent++
-		err := cmd.Err()
-		if err == nil {
-			continue
-		}
-		if !isEntryRejection(err) {
-			return fmt.Errorf("XADD %s event %s: %w", r.cfg.Stream, events[i].ID, err)
-		}
-		entryErrs++
-		dead[i] = "rejected by Redis: " + err.Error()
-	}
-	if entryErrs > 0 && entryErrs == sent {
-		// Every entry refused: that is the stream or the server, not the rows.
-		for i := range dead {
-			if cmds[i] != nil {
-				dead[i] = ""
-			}
-		}
-		return fmt.Errorf("XADD %s: every entry of the batch was refused: %w", r.cfg.Stream, cmds[firstSent(cmds)].Err())
-	}
-	return nil
+// bulkLimit caches Redis's proto-max-bulk-len. Redis refuses a longer
+// argument by closing the connection, often before the client has read the
+// reply, so the relay cannot tell that refusal from a network fault after
+// the fact; it checks payloads against the limit before sending instead.
+// A server that does not answer CONFIG GET (renamed, or denied by ACL)
+// leaves the limit unknown, and such a payload is retried like any fault.
+type bulkLimit struct {
+	mu      sync.Mutex
+	value   int64 // 0: unknown
+	checked time.Time
+	stale   bool
 }
 
-func firstSent(cmds []*redis.StringCmd) int {
-	for i, c := range cmds {
-		if c != nil {
-			return i
-		}
+// bulkLimitRefresh is how soon a stale limit may be read again.
+const bulkLimitRefresh = 5 * time.Second
+
+// get returns the limit, reading it on first use and, once stale, again at
+// most every bulkLimitRefresh.
+func (b *bulkLimit) get(ctx context.Context, rdb redis.UniversalClient) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.checked.IsZero() && (!b.stale || time.Since(b.checked) < bulkLimitRefresh) {
+		return b.value
 	}
-	return 0
+	b.checked, b.stale = time.Now(), false
+	vals, err := rdb.ConfigGet(ctx, "proto-max-bulk-len").Result()
+	if err != nil {
+		return b.value
+	}
+	if n, err := strconv.ParseInt(vals["proto-max-bulk-len"], 10, 64); err == nil && n > 0 {
+		b.value = n
+	}
+	return b.value
 }
 
-// transientPrefixes are error replies about the server or the key, not the
-// entry: retried, never dead-lettered.
-var transientPrefixes = []string{
-	"OOM", "LOADING", "READONLY", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN",
-	"MOVED", "ASK", "NOAUTH", "WRONGPASS", "NOPERM", "WRONGTYPE", "EXECABORT", "NOREPLICAS",
+// expire marks the limit stale: a failed publish may be a lowered limit.
+func (b *bulkLimit) expire() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stale = true
 }
 
-// isEntryRejection reports whether err is an error reply from Redis about
-// this one entry.
-func isEntryRejection(err error) bool {
+// entryRejectionReplies are the error replies of XADD that can only mean
+// "this entry is bad" and will be the same on every retry: an allowlist.
+// Every other error (network, timeout, OOM, MISCONF, READONLY, a proxy's
+// partial failure, anything new) rolls the batch back to be retried, so a
+// good event is never parked because the server had a bad moment.
+var entryRejectionReplies = []string{
+	// An argument longer than proto-max-bulk-len: the payload. Redis closes
+	// the connection after this reply, often before it can be read.
+	"ERR Protocol error: invalid bulk length",
+	// The same limit, checked by commands that build a string.
+	"ERR string exceeds maximum allowed size",
+}
+
+// entryRejection reports whether err is an error reply of Redis about this
+// one entry, and the reason to record.
+func entryRejection(err error) (string, bool) {
 	var rerr redis.Error
-	if !errors.As(err, &rerr) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return false
+	if !errors.As(err, &rerr) {
+		return "", false
 	}
-	msg := rerr.Error()
-	if strings.HasPrefix(msg, "redis: ") { // client-side errors, e.g. nil reply, pool timeout
-		return false
-	}
-	for _, p := range transientPrefixes {
-		if strings.HasPrefix(msg, p) {
-			return false
+	for _, p := range entryRejectionReplies {
+		if strings.HasPrefix(rerr.Error(), p) {
+			return "rejected by Redis: " + rerr.Error(), true
 		}
 	}
-	return true
+	return "", false
 }
 
-// xaddArgs builds one entry: event_id, event_type, payload in that order,
-// and error for dead letters.
+// refusals remembers the events Redis refused, by event id, until they are
+// parked. It is bounded: when full it forgets everything, and a refused
+// event is then simply refused once more.
+type refusals struct {
+	mu      sync.Mutex
+	reasons map[string]string
+}
+
+const maxRefusals = 4096
+
+func (f *refusals) add(id, reason string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.reasons == nil || len(f.reasons) >= maxRefusals {
+		f.reasons = map[string]string{}
+	}
+	f.reasons[id] = reason
+}
+
+func (f *refusals) get(id string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.reasons[id]
+}
+
+// forget drops the events that were parked.
+func (f *refusals) forget(dead []parked) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, d := range dead {
+		delete(f.reasons, d.event.ID)
+	}
+}
+
+// xaddArgs builds one entry of the relay: to its stream, trimmed with
+// MaxLen, or to the dead-letter stream, never trimmed.
 func (r *Relay) xaddArgs(stream, id, typ, payload, reason string) *redis.XAddArgs {
+	var maxLen int64
+	if stream == r.cfg.Stream {
+		maxLen = r.cfg.MaxLen
+	}
+	return entryArgs(stream, id, typ, payload, reason, maxLen)
+}
+
+// entryArgs builds one entry: event_id, event_type, payload in that order,
+// and error for dead letters; trimmed approximately to maxLen when positive.
+func entryArgs(stream, id, typ, payload, reason string, maxLen int64) *redis.XAddArgs {
 	values := []any{FieldEventID, id, FieldEventType, typ, FieldPayload, payload}
 	if reason != "" {
 		values = append(values, FieldError, reason)
 	}
 	a := &redis.XAddArgs{Stream: stream, Values: values}
-	if r.cfg.MaxLen > 0 && stream == r.cfg.Stream {
-		a.MaxLen, a.Approx = r.cfg.MaxLen, true
+	if maxLen > 0 {
+		a.MaxLen, a.Approx = maxLen, true
 	}
 	return a
 }

@@ -31,6 +31,10 @@ type Relay struct {
 	wake chan struct{}
 	// failures counts the failed passes of the current outage.
 	failures atomic.Int64
+	// refused remembers events Redis refused until they are parked.
+	refused refusals
+	// bulkLimit is Redis's proto-max-bulk-len, read from the server.
+	bulkLimit bulkLimit
 
 	// testHookBeforeCommit, when set, runs after every XADD of a batch was
 	// acknowledged and before the commit; an error rolls the batch back.
@@ -88,6 +92,7 @@ func (r *Relay) setErr(err error) {
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("Relay started", "database", r.cfg.Database, "batchSize", r.cfg.BatchSize,
 		"pollInterval", r.cfg.PollInterval.String(), "inFlight", r.cfg.InFlight)
+	r.ensureDeadLetterTable(ctx)
 	listenCtx, stopListening := context.WithCancel(ctx)
 	defer stopListening()
 	go r.listen(listenCtx)
@@ -100,6 +105,19 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Wait()
 	r.log.Info("Relay stopped")
 	return nil
+}
+
+// ensureDeadLetterTable creates the dead-letter table if it is missing, so
+// that a row that cannot be published can be parked. A relay whose role may
+// not create it says so and runs on: nothing is lost without it, but a batch
+// holding such a row is retried until the table exists.
+func (r *Relay) ensureDeadLetterTable(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := r.cfg.Table.EnsureDeadLetterTable(ctx, r.db); err != nil {
+		r.log.Warn("Could not create the dead-letter table; a row that cannot be published will hold up its batch until it exists (relay schema --apply)",
+			"deadLetterTable", r.cfg.Table.DeadLetterTable(), "error", err.Error())
+	}
 }
 
 // loop runs passes, each holding the claim token of seq until its claim
@@ -178,6 +196,8 @@ func (r *Relay) report(err error, failures int, delay time.Duration) {
 		msg, level = "Outbox table not found, retrying", slog.LevelError
 	case ErrorKindLayout:
 		msg, level = "Outbox column not found, retrying", slog.LevelError
+	case ErrorKindDeadLetterTableMissing:
+		msg, level = "Dead-letter table not found: a row that cannot be published holds up its batch, retrying", slog.LevelError
 	}
 	r.log.Log(context.Background(), level, msg, "kind", kind, "database", r.cfg.Database,
 		"error", err.Error(), "failedPasses", failures, "retryIn", delay.String())
@@ -191,6 +211,8 @@ func errorKind(err error) string {
 		return ErrorKindTableMissing
 	case errors.Is(err, outbox.ErrColumnNotFound):
 		return ErrorKindLayout
+	case errors.Is(err, outbox.ErrDeadLetterTableNotFound):
+		return ErrorKindDeadLetterTableMissing
 	case errors.As(err, &pe):
 		return ErrorKindRedis
 	default:
@@ -247,11 +269,18 @@ func (r *Relay) runBatch(ctx context.Context, seq *sequencer, ticket uint64) (*r
 		if seq != nil {
 			seq.wait(ticket)
 		}
-		res.published, res.deadLettered, err = r.publish(ctx, events)
+		var dead []parked
+		res.published, dead, err = r.publish(ctx, events)
 		endTurn()
 		if err != nil {
 			return err
 		}
+		for _, d := range dead {
+			if err := r.cfg.Table.Park(ctx, tx, r.cfg.Stream, d.event, d.reason); err != nil {
+				return err
+			}
+		}
+		res.deadLettered = len(dead)
 		if r.testHookBeforeCommit != nil {
 			if err := r.testHookBeforeCommit(ctx); err != nil {
 				return err
@@ -260,6 +289,11 @@ func (r *Relay) runBatch(ctx context.Context, seq *sequencer, ticket uint64) (*r
 		if err := tx.Commit(ctx); err != nil {
 			return fmt.Errorf("committing batch: %w", err)
 		}
+		for _, d := range dead {
+			r.log.Error("Parked an outbox row that cannot be published", "eventID", d.event.ID,
+				"eventType", d.event.Type, "reason", d.reason, "deadLetterTable", r.cfg.Table.DeadLetterTable())
+		}
+		r.refused.forget(dead)
 		now := time.Now()
 		r.cfg.Metrics.Batches.Inc()
 		r.cfg.Metrics.EventsPublished.Add(float64(res.published))

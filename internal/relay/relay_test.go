@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
@@ -196,7 +195,8 @@ func TestMalformedRowIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{ddl: `CREATE TABLE outbox_events (
 		id uuid PRIMARY KEY DEFAULT gen_random_uuid(), event_type text, payload text,
-		created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz)`})
+		created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz);` +
+		outbox.MustNew("", outbox.Columns{}).DeadLetterDDL()})
 	ctx := context.Background()
 	_, err := b.db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES
 		('ok', '1', now() - interval '3 s'), ('bad', NULL, now() - interval '2 s'), ('ok', '3', now() - interval '1 s')`)
@@ -213,6 +213,12 @@ func TestMalformedRowIsDeadLettered(t *testing.T) {
 	require.Contains(t, dead[0][FieldError], "NULL in column payload")
 	require.Zero(t, b.backlog(t), "the bad row does not stall the outbox")
 	require.InDelta(t, 1, testutilCounter(r.cfg.Metrics.EventsDeadLettered), 0)
+	parked := b.deadLetters(t)
+	require.Len(t, parked, 1)
+	require.Equal(t, "bad", *parked[0].EventType)
+	require.Nil(t, parked[0].PayloadBytes, "NULL stays NULL in the parked copy")
+	require.Equal(t, b.stream, parked[0].Stream)
+	require.Contains(t, parked[0].Reason, "NULL in column payload")
 }
 
 func TestOversizedPayloadIsDeadLetteredWithoutIt(t *testing.T) {
@@ -229,48 +235,88 @@ func TestOversizedPayloadIsDeadLetteredWithoutIt(t *testing.T) {
 	require.Equal(t, "big", dead[0][FieldEventType])
 	require.Empty(t, dead[0][FieldPayload])
 	require.Contains(t, dead[0][FieldError], "payload of 2048 bytes exceeds the limit of 1024 bytes")
+	parked := b.deadLetters(t)
+	require.Len(t, parked, 1)
+	require.EqualValues(t, 2048, *parked[0].PayloadBytes, "the payload is kept in the dead-letter table")
+
+	// Cleanup deletes the dispatched outbox rows; the parked copy stays.
+	_, err = b.db.Exec(context.Background(), `UPDATE outbox_events SET dispatched_at = now() - interval '1 day'`)
+	require.NoError(t, err)
+	_, err = b.table.DeleteAllDispatched(context.Background(), b.db, time.Hour, 100, nil)
+	require.NoError(t, err)
+	require.Len(t, b.deadLetters(t), 1)
 }
 
-// rejectingHook is a fake: it makes Redis answer one XADD with an error
-// reply, a per-entry rejection that a real Redis server cannot be made to
-// produce for one entry of a pipeline.
-type rejectingHook struct{ payload string }
+func TestMissingDeadLetterTableHoldsTheBatchBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{ddl: `CREATE TABLE outbox_events (
+		id uuid PRIMARY KEY DEFAULT gen_random_uuid(), event_type text NOT NULL, payload text NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz)`})
+	_, err := b.db.Exec(context.Background(), `INSERT INTO outbox_events (event_type, payload) VALUES ('big', repeat('x', 2048))`)
+	require.NoError(t, err)
+	r := b.newRelay(t, Config{MaxPayloadBytes: 1024})
+	_, err = r.runOnce(context.Background())
+	require.ErrorIs(t, err, outbox.ErrDeadLetterTableNotFound)
+	require.Equal(t, ErrorKindDeadLetterTableMissing, errorKind(err))
+	require.EqualValues(t, 1, b.backlog(t), "rolled back: the row is still pending, not lost")
 
-func (h rejectingHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h rejectingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h rejectingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, c := range cmds {
-			args := c.Args()
-			if c.Name() == "xadd" && args[len(args)-1] == h.payload {
-				c.SetErr(redisErrorReply("ERR rejected by the fake for this entry"))
-			}
-		}
-		return err
+	require.NoError(t, b.table.EnsureDeadLetterTable(context.Background(), b.db))
+	b.drain(t, r)
+	require.Zero(t, b.backlog(t))
+	require.Len(t, b.deadLetters(t), 1)
+}
+
+// TestEntryRefusedByRedisIsParked uses a real refusal: a Redis whose
+// proto-max-bulk-len is 1 MiB closes the connection on a 2 MiB argument,
+// usually before its reply can be read, so the relay checks payloads
+// against the limit it reads from the server. Lowered while the relay runs,
+// the limit is read again after the failed batch.
+func TestEntryRefusedByRedisIsParked(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: srv.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.rdb.ConfigSet(ctx, "proto-max-bulk-len", "1048576").Err())
+	_, err := b.db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES
+		('a', 'fine', now() - interval '3 s'), ('b', repeat('x', 2 << 20), now() - interval '2 s'), ('c', 'after', now() - interval '1 s')`)
+	require.NoError(t, err)
+	r := b.newRelay(t, Config{})
+	r.bulkLimit.value, r.bulkLimit.checked = 512<<20, time.Now() // as read before the limit was lowered
+	_, err = r.runOnce(ctx)
+	require.Error(t, err, "the connection closed on the refusal: the batch is retried")
+	require.EqualValues(t, 3, b.backlog(t))
+	r.bulkLimit.checked = time.Now().Add(-bulkLimitRefresh)
+	b.drain(t, r)
+
+	main := b.readStream(t, b.stream)
+	require.Equal(t, []string{"a", "c"}, []string{main[len(main)-2][FieldEventType], main[len(main)-1][FieldEventType]})
+	for _, e := range main {
+		require.NotEqual(t, "b", e[FieldEventType])
 	}
+	dead := b.readStream(t, b.stream+".dead")
+	require.Len(t, dead, 1)
+	require.Equal(t, "b", dead[0][FieldEventType])
+	require.Empty(t, dead[0][FieldPayload], "the parked copy keeps the payload, the entry does not")
+	require.Contains(t, dead[0][FieldError], "rejected by Redis: payload of 2097152 bytes exceeds its proto-max-bulk-len of 1048576 bytes")
+	parked := b.deadLetters(t)
+	require.Len(t, parked, 1)
+	require.EqualValues(t, 2<<20, *parked[0].PayloadBytes)
+}
+
+func TestTransientErrorRepliesAreRetriedNotParked(t *testing.T) {
+	t.Parallel()
+	for _, reply := range []string{"MISCONF Errors writing to the AOF file", "ERR some proxy failed this one", "OOM command not allowed"} {
+		require.False(t, func() bool { _, ok := entryRejection(redisErrorReply(reply)); return ok }(), reply)
+	}
+	reason, ok := entryRejection(redisErrorReply("ERR Protocol error: invalid bulk length"))
+	require.True(t, ok)
+	require.Equal(t, "rejected by Redis: ERR Protocol error: invalid bulk length", reason)
 }
 
 type redisErrorReply string
 
 func (e redisErrorReply) Error() string { return string(e) }
 func (redisErrorReply) RedisError()     {}
-
-func TestEntryRejectedByRedisIsDeadLettered(t *testing.T) {
-	t.Parallel()
-	b := setup(t, bundleOpts{})
-	b.rdb.AddHook(rejectingHook{payload: "poison"})
-	_, err := b.db.Exec(context.Background(), `INSERT INTO outbox_events (event_type, payload, created_at) VALUES
-		('a', 'fine', now() - interval '2 s'), ('b', 'poison', now() - interval '1 s')`)
-	require.NoError(t, err)
-	r := b.newRelay(t, Config{})
-	b.drain(t, r)
-	require.Len(t, b.readStream(t, b.stream), 2, "the fake fails the reply, the entry itself was added")
-	dead := b.readStream(t, b.stream+".dead")
-	require.Len(t, dead, 1)
-	require.Equal(t, "b", dead[0][FieldEventType])
-	require.Contains(t, dead[0][FieldError], "rejected by Redis: ERR rejected by the fake")
-}
 
 func TestEveryEntryRefusedIsRetriedNotDeadLettered(t *testing.T) {
 	t.Parallel()

@@ -1,0 +1,201 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrDeadLetterTableNotFound: a row had to be parked and the dead-letter
+// table does not exist. The batch is rolled back, so nothing is lost, and
+// the relay retries until the table is created (relay schema --apply).
+var ErrDeadLetterTableNotFound = errors.New("dead-letter table not found")
+
+// DeadLetter is a parked row: a copy of an outbox row that could not be
+// published, kept until a person retries or discards it.
+type DeadLetter struct {
+	// ID numbers parked rows; retry and discard select by it.
+	ID int64 `json:"id"`
+	// EventID, EventType and CreatedAt are the outbox row's, nil where the
+	// row had NULL.
+	EventID   *string    `json:"eventId"`
+	EventType *string    `json:"eventType"`
+	CreatedAt *time.Time `json:"createdAt"`
+	// Stream is the stream the event was meant for.
+	Stream string `json:"stream"`
+	// Reason says why it was parked (or why the last retry failed).
+	Reason string `json:"reason"`
+	// ParkedAt is when it was parked.
+	ParkedAt time.Time `json:"parkedAt"`
+	// Attempts counts the publications tried: 1 when parked, one more per
+	// failed retry.
+	Attempts int `json:"attempts"`
+	// PayloadBytes is the payload's size; nil for a NULL payload.
+	PayloadBytes *int64 `json:"payloadBytes"`
+	// Payload is read only by LockDeadLetters; nil for a NULL payload.
+	Payload *string `json:"-"`
+}
+
+// Event is the parked row as an event to publish again, and why it cannot
+// be ("" when it can): a column that is still NULL.
+func (d DeadLetter) Event() (Event, string) {
+	e := newEvent(deadLetterColumnNames, d.EventID, d.EventType, d.Payload, d.CreatedAt)
+	if e.Malformed != "" {
+		return e, "malformed row: " + e.Malformed + " of the dead-letter table; set it with UPDATE, then retry"
+	}
+	return e, ""
+}
+
+// deadLetterColumnNames names the dead-letter table's copies of the event
+// columns, for messages.
+var deadLetterColumnNames = Columns{ID: "event_id", EventType: "event_type", Payload: "payload"}
+
+// DeadLetterFilter selects parked rows: by id (none: any), and by parked_at
+// in [Since, Until) (zero: open).
+type DeadLetterFilter struct {
+	IDs          []int64
+	Since, Until time.Time
+	// Limit caps the rows returned; 0 means 1000.
+	Limit int
+	// AfterID returns only rows with a larger id: a cursor for paging.
+	AfterID int64
+}
+
+func (f DeadLetterFilter) args() []any {
+	var since, until *time.Time
+	if !f.Since.IsZero() {
+		since = &f.Since
+	}
+	if !f.Until.IsZero() {
+		until = &f.Until
+	}
+	ids := f.IDs
+	if ids == nil {
+		ids = []int64{}
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 1000
+	}
+	return []any{ids, since, until, limit, f.AfterID}
+}
+
+// classifyDeadLetters maps a missing dead-letter table to its sentinel.
+func (t *Table) classifyDeadLetters(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+		return fmt.Errorf("%w: %s (create it with `relay schema --apply`, or apply `relay schema`'s CREATE TABLE for it): %w",
+			ErrDeadLetterTableNotFound, t.DeadLetterTable(), err)
+	}
+	return err
+}
+
+// EnsureDeadLetterTable creates the dead-letter table if it is missing.
+// Relays starting at once may race to create it; the loser's error is
+// ignored.
+func (t *Table) EnsureDeadLetterTable(ctx context.Context, q Querier) error {
+	_, err := q.Exec(ctx, t.format(deadLetterDDL))
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") { // unique_violation, duplicate_table
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("creating dead-letter table %s: %w", t.DeadLetterTable(), t.classify(err))
+	}
+	return nil
+}
+
+// Park copies e into the dead-letter table inside tx, the transaction that
+// claimed it: the outbox row is marked dispatched by the same commit, so
+// the event is either pending or parked, never neither.
+func (t *Table) Park(ctx context.Context, tx Querier, stream string, e Event, reason string) error {
+	nullable := func(s string, null bool) *string {
+		if null {
+			return nil
+		}
+		return &s
+	}
+	var created *time.Time
+	if !e.CreatedAt.IsZero() {
+		created = &e.CreatedAt
+	}
+	_, err := tx.Exec(ctx, t.format(parkSQL),
+		nullable(e.ID, e.null[0]), nullable(e.Type, e.null[1]), nullable(e.Payload, e.null[2]),
+		created, stream, reason)
+	if err != nil {
+		return fmt.Errorf("parking event %s: %w", e.ID, t.classifyDeadLetters(err))
+	}
+	return nil
+}
+
+// ListDeadLetters returns the parked rows the filter selects, oldest first,
+// without their payloads.
+func (t *Table) ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) ([]DeadLetter, error) {
+	return t.queryDeadLetters(ctx, q, t.format(listDeadLettersSQL), false, f)
+}
+
+// LockDeadLetters returns the parked rows the filter selects with their
+// payloads, locked in tx (rows another transaction holds are skipped).
+func (t *Table) LockDeadLetters(ctx context.Context, tx Querier, f DeadLetterFilter) ([]DeadLetter, error) {
+	return t.queryDeadLetters(ctx, tx, t.format(lockDeadLettersSQL), true, f)
+}
+
+func (t *Table) queryDeadLetters(ctx context.Context, q Querier, sql string, withPayload bool, f DeadLetterFilter) ([]DeadLetter, error) {
+	rows, err := q.Query(ctx, sql, f.args()...)
+	if err != nil {
+		return nil, t.classifyDeadLetters(err)
+	}
+	defer rows.Close()
+	var out []DeadLetter
+	for rows.Next() {
+		var d DeadLetter
+		dest := []any{&d.ID, &d.EventID, &d.EventType, &d.CreatedAt, &d.Stream, &d.Reason, &d.ParkedAt, &d.Attempts, &d.PayloadBytes}
+		if withPayload {
+			dest = append(dest, &d.Payload)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, fmt.Errorf("scanning dead letter: %w", err)
+		}
+		out = append(out, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, t.classifyDeadLetters(err)
+	}
+	return out, nil
+}
+
+// DeleteDeadLetter removes a parked row (published again, or discarded).
+func (t *Table) DeleteDeadLetter(ctx context.Context, tx Querier, id int64) error {
+	if _, err := tx.Exec(ctx, t.format(deleteDeadLetterSQL), id); err != nil {
+		return fmt.Errorf("deleting dead letter %d: %w", id, t.classifyDeadLetters(err))
+	}
+	return nil
+}
+
+// RefuseDeadLetter records a retry that failed again, with its reason.
+func (t *Table) RefuseDeadLetter(ctx context.Context, tx Querier, id int64, reason string) error {
+	if _, err := tx.Exec(ctx, t.format(refuseDeadLetterSQL), id, reason); err != nil {
+		return fmt.Errorf("updating dead letter %d: %w", id, t.classifyDeadLetters(err))
+	}
+	return nil
+}
+
+// CountDeadLetters counts the parked rows; 0 when the dead-letter table does
+// not exist (nothing was ever parked there).
+func (t *Table) CountDeadLetters(ctx context.Context, q Querier) (int64, error) {
+	var exists bool
+	if err := q.QueryRow(ctx, tableExistsSQL, t.qualified(t.DeadLetterTableName())).Scan(&exists); err != nil {
+		return 0, t.classify(err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var n int64
+	if err := q.QueryRow(ctx, t.format(countDeadLettersSQL)).Scan(&n); err != nil {
+		return 0, t.classifyDeadLetters(err)
+	}
+	return n, nil
+}

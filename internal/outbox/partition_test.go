@@ -1,0 +1,218 @@
+package outbox
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// rangePartitionedDDL is an outbox partitioned by day on created_at, with
+// two partitions and a default one, and the relay's index on the parent
+// (created on every partition).
+func rangePartitionedDDL(tbl *Table) string {
+	return `CREATE TABLE outbox_events (
+		id uuid NOT NULL DEFAULT gen_random_uuid(), event_type text NOT NULL, payload text NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
+		PRIMARY KEY (id, created_at)
+	) PARTITION BY RANGE (created_at);
+	CREATE TABLE outbox_events_old PARTITION OF outbox_events FOR VALUES FROM ('2000-01-01') TO ('2026-01-01');
+	CREATE TABLE outbox_events_new PARTITION OF outbox_events FOR VALUES FROM ('2026-01-01') TO ('2100-01-01');
+	` + tbl.IndexDDL() + tbl.DeadLetterDDL()
+}
+
+// The table shapes teams use for a big outbox. Each fills two children with
+// the same number of rows, so ctids overlap across them: (0,1) .. (0,n) in
+// both. Old rows are dispatched long ago, new ones pending.
+var partitionedShapes = map[string]string{
+	"range": rangePartitionedDDL(MustNew("", Columns{})),
+	"list": `CREATE TABLE outbox_events (
+		id uuid NOT NULL DEFAULT gen_random_uuid(), event_type text NOT NULL, payload text NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
+		PRIMARY KEY (id, event_type)
+	) PARTITION BY LIST (event_type);
+	CREATE TABLE outbox_events_old PARTITION OF outbox_events FOR VALUES IN ('old');
+	CREATE TABLE outbox_events_new PARTITION OF outbox_events FOR VALUES IN ('new');
+	` + MustNew("", Columns{}).IndexDDL(),
+	"hash": `CREATE TABLE outbox_events (
+		id uuid NOT NULL DEFAULT gen_random_uuid(), event_type text NOT NULL, payload text NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
+		PRIMARY KEY (id, event_type)
+	) PARTITION BY HASH (event_type);
+	CREATE TABLE outbox_events_h0 PARTITION OF outbox_events FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+	CREATE TABLE outbox_events_h1 PARTITION OF outbox_events FOR VALUES WITH (MODULUS 2, REMAINDER 1);
+	` + MustNew("", Columns{}).IndexDDL(),
+	"inheritance": `CREATE TABLE outbox_events (
+		id uuid PRIMARY KEY DEFAULT gen_random_uuid(), event_type text NOT NULL, payload text NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz);
+	CREATE TABLE outbox_events_old () INHERITS (outbox_events);
+	CREATE TABLE outbox_events_new () INHERITS (outbox_events);
+	CREATE INDEX ON outbox_events_old (created_at, id) WHERE dispatched_at IS NULL;
+	CREATE INDEX ON outbox_events_new (created_at, id) WHERE dispatched_at IS NULL;`,
+}
+
+// fillShape inserts n dispatched rows of type 'old' and n pending rows of
+// type 'new'. For range partitions the old rows fall in the old partition;
+// for inheritance they are inserted into the children directly; for hash,
+// the two types land in different partitions.
+func fillShape(t *testing.T, db *pgxpool.Pool, shape string, n int) {
+	t.Helper()
+	oldTable, newTable := "outbox_events", "outbox_events"
+	if shape == "inheritance" {
+		oldTable, newTable = "outbox_events_old", "outbox_events_new"
+	}
+	_, err := db.Exec(context.Background(), `
+		INSERT INTO `+oldTable+` (event_type, payload, created_at, dispatched_at)
+		SELECT 'old', 'o' || g, '2025-06-01'::timestamptz + g * interval '1 s', '2025-06-02'
+		FROM generate_series(1, `+itoa(n)+`) g;
+		INSERT INTO `+newTable+` (event_type, payload, created_at)
+		SELECT 'new', 'n' || g, '2026-06-01'::timestamptz + g * interval '1 s'
+		FROM generate_series(1, `+itoa(n)+`) g;`)
+	require.NoError(t, err)
+}
+
+func pendingCount(t *testing.T, db *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(context.Background(), `SELECT count(*) FROM outbox_events WHERE dispatched_at IS NULL`).Scan(&n))
+	return n
+}
+
+// TestCleanupNeverDeletesPendingRowsOfAnotherPartition: the rows that share
+// a ctid with a dispatched row in another partition stay.
+func TestCleanupNeverDeletesPendingRowsOfAnotherPartition(t *testing.T) {
+	t.Parallel()
+	for shape, ddl := range partitionedShapes {
+		t.Run(shape, func(t *testing.T) {
+			t.Parallel()
+			tbl := MustNew("", Columns{})
+			db := connect(t, ddl)
+			fillShape(t, db, shape, 5)
+			deleted, err := tbl.DeleteAllDispatched(context.Background(), db, time.Hour, 2, nil)
+			require.NoError(t, err)
+			require.EqualValues(t, 5, deleted, "only the 5 dispatched rows")
+			require.Equal(t, 5, pendingCount(t, db), "every pending row is kept")
+		})
+	}
+}
+
+// TestClaimNeverReturnsMoreThanTheBatchAcrossPartitions: a claim of one row
+// returns one row, and claims in turn take each pending row exactly once.
+func TestClaimNeverReturnsMoreThanTheBatchAcrossPartitions(t *testing.T) {
+	t.Parallel()
+	for shape, ddl := range partitionedShapes {
+		t.Run(shape, func(t *testing.T) {
+			t.Parallel()
+			tbl := MustNew("", Columns{})
+			db := connect(t, ddl)
+			// Old rows pending too, so both children hold pending rows at the same ctids.
+			fillShape(t, db, shape, 5)
+			_, err := db.Exec(context.Background(), `UPDATE outbox_events SET dispatched_at = NULL`)
+			require.NoError(t, err)
+
+			seen := map[string]bool{}
+			for range 10 {
+				claimOne(t, db, tbl, seen)
+			}
+			require.Len(t, seen, 10)
+			require.Zero(t, pendingCount(t, db))
+		})
+	}
+}
+
+func claimOne(t *testing.T, db *pgxpool.Pool, tbl *Table, seen map[string]bool) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		events, err := tbl.Claim(ctx, tx, 1)
+		require.NoError(t, err)
+		require.Len(t, events, 1)
+		require.False(t, seen[events[0].ID], "claimed twice: %s", events[0].ID)
+		seen[events[0].ID] = true
+		return nil
+	}))
+}
+
+// TestTwoClaimsOnPartitionsAreDisjoint: a claim holding rows in one
+// transaction, a second claim in another never returns them.
+func TestTwoClaimsOnPartitionsAreDisjoint(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, partitionedShapes["range"])
+	fillShape(t, db, "range", 20)
+	_, err := db.Exec(context.Background(), `UPDATE outbox_events SET dispatched_at = NULL`)
+	require.NoError(t, err)
+	ctx := context.Background()
+	tx1, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx1.Rollback(ctx) }()
+	first, err := tbl.Claim(ctx, tx1, 25)
+	require.NoError(t, err)
+	require.Len(t, first, 25)
+	tx2, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx2.Rollback(ctx) }()
+	second, err := tbl.Claim(ctx, tx2, 25)
+	require.NoError(t, err)
+	require.Len(t, second, 15)
+	ids := map[string]bool{}
+	for _, e := range append(first, second...) {
+		require.False(t, ids[e.ID], "claimed by both: %s", e.ID)
+		ids[e.ID] = true
+	}
+}
+
+// TestClaimOrdersTiesByID: rows written in one transaction share created_at
+// and leave in id order (bigint ids: insertion order).
+func TestClaimOrdersTiesByID(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, `CREATE TABLE outbox_events (
+		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, event_type text NOT NULL, payload text NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz);`+tbl.IndexDDL()+`
+		INSERT INTO outbox_events (event_type, payload) SELECT 't', g::text FROM generate_series(1, 300) g;`)
+	ctx := context.Background()
+	require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		events, err := tbl.Claim(ctx, tx, 300)
+		require.NoError(t, err)
+		require.Len(t, events, 300)
+		for i, e := range events {
+			require.Equal(t, itoa(i+1), e.ID)
+		}
+		return nil
+	}))
+}
+
+// TestDropDispatchedPartitions: a partition whose rows are all dispatched
+// past the retention is dropped whole; one with a pending row, or a
+// dispatched row inside the retention, is kept.
+func TestDropDispatchedPartitions(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, rangePartitionedDDL(tbl)+`
+		CREATE TABLE outbox_events_mid PARTITION OF outbox_events FOR VALUES FROM ('2100-01-01') TO ('2100-02-01');
+		CREATE TABLE outbox_events_empty PARTITION OF outbox_events FOR VALUES FROM ('2100-02-01') TO ('2100-03-01');`)
+	fillShape(t, db, "range", 5)
+	ctx := context.Background()
+	// mid: dispatched rows, one of them recently.
+	_, err := db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at, dispatched_at) VALUES
+		('m', '1', '2100-01-02', now() - interval '2 days'), ('m', '2', '2100-01-03', now())`)
+	require.NoError(t, err)
+
+	dropped, err := tbl.DropDispatchedPartitions(ctx, db, db, 24*time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, []string{"public.outbox_events_old"}, dropped)
+	require.Equal(t, 5, pendingCount(t, db), "the partition with pending rows is kept")
+	var parts int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_events'::regclass`).Scan(&parts))
+	require.Equal(t, 3, parts, "new, mid (a recent dispatch) and empty are kept")
+
+	// Not partitioned: nothing to drop.
+	plain := connect(t, tbl.DDL(DDLOptions{}))
+	dropped, err = tbl.DropDispatchedPartitions(ctx, plain, plain, 0)
+	require.NoError(t, err)
+	require.Empty(t, dropped)
+}

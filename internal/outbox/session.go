@@ -1,0 +1,102 @@
+package outbox
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-dev/outbox-operator/internal/netdial"
+)
+
+// SessionSettings are the run-time parameters every session that touches the
+// outbox sets, so a client cut off mid-transaction can never pin row locks
+// for long. docs/relay.md ("Bounded locks") adds them up into the worst case.
+type SessionSettings struct {
+	// StatementTimeout bounds every statement.
+	StatementTimeout time.Duration
+	// LockTimeout bounds every wait for a lock.
+	LockTimeout time.Duration
+	// IdleInTransactionTimeout ends a session that sits in an open
+	// transaction, releasing its locks.
+	IdleInTransactionTimeout time.Duration
+	// ApplicationName shows in pg_stat_activity.
+	ApplicationName string
+
+	// TCP bounds the link on both ends: the client's socket (keepalives,
+	// TCP_USER_TIMEOUT) and, through the server's GUCs of the same names
+	// (tcp_keepalives_*, tcp_user_timeout), the backend's. The backend's
+	// side is what matters for locks: a backend blocked sending a claim's
+	// result to a client that stopped reading ignores statement_timeout,
+	// and only tcp_user_timeout ends it.
+	TCP netdial.TCP
+
+	// StablePlans makes the planner prefer index and TID scans to
+	// sequential and bitmap scans and nested loops to hash and merge joins,
+	// so the claim's plan does not depend on the table's statistics (an
+	// outbox analyzed while nearly empty otherwise gets a sequential scan
+	// per batch). For the relay's sessions, which run only the claim.
+	StablePlans bool
+}
+
+// stablePlanParams turn off the plan shapes that are only right when the
+// statistics are: each is still used where nothing else can run the query.
+var stablePlanParams = map[string]string{
+	"enable_seqscan":    "off",
+	"enable_bitmapscan": "off",
+	"enable_hashjoin":   "off",
+	"enable_mergejoin":  "off",
+}
+
+// RuntimeParams returns the settings as pgx ConnConfig.RuntimeParams, with
+// TimeZone UTC (see the package doc).
+func (s SessionSettings) RuntimeParams() map[string]string {
+	p := map[string]string{"TimeZone": "UTC"}
+	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+	secs := func(d time.Duration) string { return strconv.FormatInt(max(int64(d/time.Second), 1), 10) }
+	if s.StatementTimeout > 0 {
+		p["statement_timeout"] = ms(s.StatementTimeout)
+	}
+	if s.LockTimeout > 0 {
+		p["lock_timeout"] = ms(s.LockTimeout)
+	}
+	if s.IdleInTransactionTimeout > 0 {
+		p["idle_in_transaction_session_timeout"] = ms(s.IdleInTransactionTimeout)
+	}
+	if s.ApplicationName != "" {
+		p["application_name"] = s.ApplicationName
+	}
+	if s.TCP.UserTimeout > 0 {
+		p["tcp_user_timeout"] = ms(s.TCP.UserTimeout)
+	}
+	if s.TCP.KeepaliveIdle > 0 {
+		p["tcp_keepalives_idle"] = secs(s.TCP.KeepaliveIdle)
+	}
+	if s.TCP.KeepaliveInterval > 0 {
+		p["tcp_keepalives_interval"] = secs(s.TCP.KeepaliveInterval)
+	}
+	if s.TCP.KeepaliveCount > 0 {
+		p["tcp_keepalives_count"] = strconv.Itoa(s.TCP.KeepaliveCount)
+	}
+	if s.StablePlans {
+		for k, v := range stablePlanParams {
+			p[k] = v
+		}
+	}
+	return p
+}
+
+// Apply sets the settings on a parsed pgx configuration: the run-time
+// parameters and, when TCP is set, a dialer with the same keepalives and
+// user timeout on the client's socket.
+func (s SessionSettings) Apply(cfg *pgconn.Config) {
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	for k, v := range s.RuntimeParams() {
+		cfg.RuntimeParams[k] = v
+	}
+	if s.TCP != (netdial.TCP{}) {
+		cfg.DialFunc = s.TCP.Dialer(cfg.ConnectTimeout).DialContext
+	}
+}

@@ -1,0 +1,174 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/pgtx"
+)
+
+// RetryOptions configures Retry.
+type RetryOptions struct {
+	// Filter selects the parked rows to publish again.
+	Filter outbox.DeadLetterFilter
+	// MaxPayloadBytes is the largest payload published; 0 means
+	// DefaultMaxPayloadBytes.
+	MaxPayloadBytes int
+	// PublishTimeout bounds each page's pipeline; 0 means
+	// DefaultPublishTimeout.
+	PublishTimeout time.Duration
+	// MaxLen trims the stream approximately, as the relay does; 0 keeps all.
+	MaxLen int64
+}
+
+// RetryResult is what Retry did.
+type RetryResult struct {
+	// Republished are the ids of the parked rows added to their stream and
+	// removed from the dead-letter table.
+	Republished []int64 `json:"republished"`
+	// Refused are the rows that still cannot be published; they stay parked
+	// with the new reason and one more attempt counted.
+	Refused []Refusal `json:"refused"`
+}
+
+// Refusal is a parked row that a retry could not publish.
+type Refusal struct {
+	ID     int64  `json:"id"`
+	Reason string `json:"reason"`
+}
+
+// retryPage is the number of parked rows handled per transaction.
+const retryPage = 100
+
+// Retry publishes parked rows again, each to the stream it was meant for,
+// in the order they were parked, a page per transaction: the rows are
+// locked, added to their streams in one pipeline, and removed from the
+// dead-letter table by the commit that follows the acknowledgements, so a
+// crash in between republishes (at least once) and never loses one. A row
+// that still cannot be published (a NULL column, a payload over the limit,
+// an entry Redis refuses) stays parked with its new reason; any other Redis
+// or PostgreSQL error stops the retry and is returned.
+func Retry(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis.UniversalClient, o RetryOptions) (RetryResult, error) {
+	o.MaxPayloadBytes = cmp.Or(o.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	o.PublishTimeout = cmp.Or(o.PublishTimeout, DefaultPublishTimeout)
+	r := &Relay{cfg: Config{Table: table, MaxPayloadBytes: o.MaxPayloadBytes, PublishTimeout: o.PublishTimeout, MaxLen: o.MaxLen}}
+	res := RetryResult{Republished: []int64{}, Refused: []Refusal{}}
+	f := o.Filter
+	f.Limit = retryPage
+	for {
+		var page []outbox.DeadLetter
+		err := pgtx.Run(ctx, db, func(tx pgx.Tx) error {
+			var err error
+			if page, err = table.LockDeadLetters(ctx, tx, f); err != nil || len(page) == 0 {
+				return err
+			}
+			bulk := r.bulkLimit.get(ctx, rdb)
+			reasons, err := r.republish(ctx, rdb, page, bulk)
+			if err != nil {
+				return err
+			}
+			for i, d := range page {
+				if reasons[i] == "" {
+					if err := table.DeleteDeadLetter(ctx, tx, d.ID); err != nil {
+						return err
+					}
+					continue
+				}
+				if err := table.RefuseDeadLetter(ctx, tx, d.ID, reasons[i]); err != nil {
+					return err
+				}
+			}
+			if err := tx.Commit(ctx); err != nil {
+				return fmt.Errorf("committing retried dead letters: %w", err)
+			}
+			for i, d := range page {
+				if reasons[i] == "" {
+					res.Republished = append(res.Republished, d.ID)
+				} else {
+					res.Refused = append(res.Refused, Refusal{ID: d.ID, Reason: reasons[i]})
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return res, err
+		}
+		if len(page) < retryPage {
+			return res, nil
+		}
+		f.AfterID = page[len(page)-1].ID
+	}
+}
+
+// republish adds the publishable rows of a page to their streams and
+// returns, per row, why it was not published ("" when it was).
+func (r *Relay) republish(ctx context.Context, rdb redis.UniversalClient, page []outbox.DeadLetter, bulk int64) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	reasons := make([]string, len(page))
+	cmds := make([]*redis.StringCmd, len(page))
+	pipe := rdb.Pipeline()
+	for i, d := range page {
+		e, reason := d.Event()
+		if reason == "" {
+			reason = r.unpublishable(e, bulk)
+		}
+		if reasons[i] = reason; reason != "" {
+			continue
+		}
+		cmds[i] = pipe.XAdd(ctx, entryArgs(d.Stream, e.ID, e.Type, e.Payload, "", r.cfg.MaxLen))
+	}
+	if pipe.Len() > 0 {
+		_, _ = pipe.Exec(ctx)
+	}
+	for i, cmd := range cmds {
+		if cmd == nil || cmd.Err() == nil {
+			continue
+		}
+		if reason, ok := entryRejection(cmd.Err()); ok {
+			reasons[i] = reason
+			continue
+		}
+		return nil, &publishError{fmt.Errorf("XADD %s dead letter %d: %w", page[i].Stream, page[i].ID, cmd.Err())}
+	}
+	return reasons, nil
+}
+
+// Discard deletes the parked rows the filter selects and returns their ids.
+func Discard(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, filter outbox.DeadLetterFilter) ([]int64, error) {
+	ids := []int64{}
+	f := filter
+	f.Limit = retryPage
+	for {
+		var page []outbox.DeadLetter
+		err := pgtx.Run(ctx, db, func(tx pgx.Tx) error {
+			var err error
+			if page, err = table.LockDeadLetters(ctx, tx, f); err != nil {
+				return err
+			}
+			for _, d := range page {
+				if err := table.DeleteDeadLetter(ctx, tx, d.ID); err != nil {
+					return err
+				}
+			}
+			return tx.Commit(ctx)
+		})
+		if err != nil {
+			return ids, err
+		}
+		for _, d := range page {
+			ids = append(ids, d.ID)
+		}
+		if len(page) < retryPage {
+			return ids, nil
+		}
+		f.AfterID = page[len(page)-1].ID
+	}
+}
