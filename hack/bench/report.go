@@ -40,7 +40,7 @@ func (r *report) print(w io.Writer) error {
 			100*x.ofRaw, x.rssMiB)
 	}
 	fmt.Fprintf(&b, "\nLatency from commit of the outbox row to the entry in the stream, one relay, default flags, "+
-		"after a %s warm-up:\n", warmUp)
+		"after a %s warm-up, on a table analyzed while empty and kept so (autovacuum off):\n", warmUp)
 	fmt.Fprintln(&b)
 	fmt.Fprintln(&b, "| wake-up | offered ev/s | achieved ev/s | events | p50 | p99 | max | peak RSS (MiB) |")
 	fmt.Fprintln(&b, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
