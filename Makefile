@@ -114,6 +114,13 @@ test: manifests generate fmt vet test-deps helm kustomize ## Run every test: uni
 	KUBEBUILDER_ASSETS="$$(ENVTEST_K8S_VERSION=$(ENVTEST_K8S_VERSION) LOCALBIN=$(LOCALBIN) hack/setup-envtest.sh)" \
 		go test $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/e2e) -coverprofile cover.out
 
+# FAULTS_SCALE=full runs the fault suite at the sizes of issue #10 (default: the CI slice).
+FAULTS_FLAGS ?= -count=1 -v -parallel 2 -timeout 30m
+
+.PHONY: test-faults
+test-faults: test-deps ## Run the fault suite (test/faults): the relay binary under kills, SIGSTOP and blackholed links; FAULTS_SCALE=full for full size.
+	go test -tags faults ./test/faults/ $(FAULTS_FLAGS)
+
 .PHONY: test-e2e
 test-e2e: manifests generate fmt vet test-e2e-local ## Run the end-to-end suite on the local cluster: start it, run test/e2e, tear it down (test-e2e-kind: on kind).
 

@@ -16,6 +16,13 @@ const pollInterval = 10 * time.Millisecond
 // asserts.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() error) time.Duration {
 	t.Helper()
+	return eventuallyEvery(t, pollInterval, timeout, what, cond)
+}
+
+// eventuallyEvery is eventually with another pause between checks (0: none,
+// for conditions that hold only for milliseconds).
+func eventuallyEvery(t testing.TB, every, timeout time.Duration, what string, cond func() error) time.Duration {
+	t.Helper()
 	start := time.Now()
 	deadline := start.Add(timeout)
 	for {
@@ -26,6 +33,6 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() er
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: not within %s: %v", what, timeout, err)
 		}
-		time.Sleep(pollInterval)
+		time.Sleep(every)
 	}
 }

@@ -19,7 +19,7 @@ import (
 func TestKills(t *testing.T) {
 	t.Parallel()
 	events := sized(8000, 50000)
-	kills := sized(6, 20)
+	kills := sized(10, 20)
 	rate := sized(1000.0, 2500.0) // rows per second
 	const batchSize, inFlight = 100, 2
 
@@ -36,10 +36,11 @@ func TestKills(t *testing.T) {
 		dsn: pg.DSN(), conns: 4, events: events, rate: rate, insert: insertInto("outbox_events"),
 	})
 
-	// The kills are spread over the time the producers write; each waits
-	// until its victim has published since it (re)started, so that it dies
-	// with batches in flight.
-	every := time.Duration(float64(events) / rate / float64(kills) * float64(time.Second))
+	// The kills are spread over the first 80% of the time the producers
+	// write; each waits
+	// until its victim has published since it (re)started and holds a
+	// claim, so that it dies with batches in flight.
+	every := time.Duration(0.8 * float64(events) / rate / float64(kills) * float64(time.Second))
 	var worstLock time.Duration
 	for i := range kills {
 		victim := relays[i%2]
@@ -50,7 +51,20 @@ func TestKills(t *testing.T) {
 			}
 			return nil
 		})
-		backends := relayBackends(t, conn, victim, pg.DSN())
+		// A claim lasts milliseconds: poll without pause.
+		var backends []int
+		polls := 0
+		eventuallyEvery(t, 0, time.Minute, "relay "+victim.name+" holding a claim", func() error {
+			if polls%200 == 0 {
+				backends = relayBackends(t, conn, victim, pg.DSN())
+			}
+			polls++
+			n, err := claiming(t.Context(), conn, backends)
+			if err == nil && n == 0 {
+				err = fmt.Errorf("no claim held")
+			}
+			return err
+		})
 		killedAt := serverNow(t, conn)
 		victim.kill(t)
 		worstLock = max(worstLock, waitReleased(t, conn, backends, killedAt, time.Minute))
