@@ -230,3 +230,14 @@ func (b *testBundle) allIDs(t *testing.T) []string {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// openBatches counts the sessions of the test's database that sit in an
+// open transaction: claimed batches waiting to be published. (Locking the
+// rows to count them would change what the relay claims.)
+func (b *testBundle) openBatches(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&n))
+	return n
+}

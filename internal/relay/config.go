@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
@@ -29,6 +30,30 @@ const (
 	MaxBatchSize = 10000
 )
 
+// Ordering is what a relay promises about the order of the stream.
+type Ordering string
+
+// The orderings (docs/relay.md, "Ordering").
+const (
+	// OrderingNone: any number of relays, no order promised across
+	// batches. The throughput mode, and the default.
+	OrderingNone Ordering = "None"
+	// OrderingStrict: one active relay per table (the leader, fenced), the
+	// stream in claim order: (created_at, id) among the rows committed when
+	// they were claimed.
+	OrderingStrict Ordering = "Strict"
+)
+
+// ParseOrdering reads an ordering name, case-insensitively.
+func ParseOrdering(s string) (Ordering, error) {
+	for _, o := range []Ordering{OrderingNone, OrderingStrict} {
+		if strings.EqualFold(s, string(o)) {
+			return o, nil
+		}
+	}
+	return "", fmt.Errorf("ordering %q: must be None or Strict", s)
+}
+
 // Config configures a Relay. Zero values take the defaults above.
 type Config struct {
 	// Table is the outbox table; required.
@@ -49,10 +74,10 @@ type Config struct {
 	BusyPollInterval time.Duration
 	// InFlight is the number of batches in flight at once, each in its own
 	// transaction: with 2, the next batch is claimed while the previous one
-	// is published and committed. Claims are made one at a time and batches
-	// are published in the order they were claimed, so the stream keeps
-	// created_at order either way (barring a failed batch, which is
-	// republished later). 1 makes the relay strictly sequential.
+	// is published and committed. One claimer hands batches in claim order
+	// to one publisher, and a failed batch rolls back those claimed after
+	// it, so within one relay the stream keeps claim order either way. 1
+	// makes the relay strictly sequential.
 	InFlight int
 	// PublishTimeout is the deadline of one batch's pipeline to Redis. The
 	// transaction holds its row locks for at most about this long.
@@ -67,12 +92,42 @@ type Config struct {
 	MinBackoff, MaxBackoff time.Duration
 	// MissingTableBackoff is the retry delay while the table is missing.
 	MissingTableBackoff time.Duration
+	// WaitReplicas, when positive, makes every batch WAIT for that many
+	// replicas to acknowledge its entries (within WaitTimeout) before the
+	// commit; fewer roll the batch back (wait.go).
+	WaitReplicas int
+	// WaitTimeout bounds that WAIT; default DefaultWaitTimeout. It must be
+	// below PublishTimeout.
+	WaitTimeout time.Duration
+	// Trim is the stream's trimming policy, applied by a background loop
+	// that never removes an entry a consumer group has not yet been
+	// delivered and acknowledged (trim.go); zero: no trimming.
+	Trim TrimPolicy
+	// StreamCheckInterval is how often the stream is looked at between
+	// batches for a reset, and its consumer groups' positions read;
+	// default DefaultStreamCheckInterval (streamloss.go).
+	StreamCheckInterval time.Duration
+	// AutoReplay makes the relay republish, by itself, the rows dispatched
+	// in the window of a stream reset it detected, at most
+	// AutoReplayMaxWindow back (streamloss.go).
+	AutoReplay bool
+	// AutoReplayMaxWindow bounds how far back an automatic replay goes;
+	// default DefaultAutoReplayMaxWindow.
+	AutoReplayMaxWindow time.Duration
 	// Database names the database in log lines, password redacted.
 	Database string
 	// Logger receives structured logs; default slog.Default().
 	Logger *slog.Logger
 	// Metrics is where the relay counts; default a fresh, unregistered set.
 	Metrics *Metrics
+
+	// Ordering is the order promised; default OrderingNone.
+	Ordering Ordering
+	// LeaderTimeout is how soon a leader that stopped loses its leadership
+	// (ordering Strict): its session's idle_session_timeout.
+	LeaderTimeout time.Duration
+	// StandbyPoll is how often a standby tries to become the leader.
+	StandbyPoll time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -87,6 +142,13 @@ func (c Config) withDefaults() Config {
 	c.MinBackoff = cmp.Or(c.MinBackoff, DefaultMinBackoff)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultMaxBackoff)
 	c.MissingTableBackoff = cmp.Or(c.MissingTableBackoff, DefaultMissingTableBackoff)
+	c.WaitTimeout = cmp.Or(c.WaitTimeout, DefaultWaitTimeout)
+	c.StreamCheckInterval = cmp.Or(c.StreamCheckInterval, DefaultStreamCheckInterval)
+	c.AutoReplayMaxWindow = cmp.Or(c.AutoReplayMaxWindow, DefaultAutoReplayMaxWindow)
+	c.Trim = c.Trim.withDefaults()
+	c.Ordering = cmp.Or(c.Ordering, OrderingNone)
+	c.LeaderTimeout = cmp.Or(c.LeaderTimeout, DefaultLeaderTimeout)
+	c.StandbyPoll = cmp.Or(c.StandbyPoll, DefaultStandbyPoll)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -121,6 +183,21 @@ func (c Config) validate() error {
 	}
 	if c.MaxPayloadBytes < 0 {
 		errs = append(errs, fmt.Errorf("max payload bytes %d is negative", c.MaxPayloadBytes))
+	}
+	if _, err := ParseOrdering(string(c.Ordering)); err != nil {
+		errs = append(errs, err)
+	}
+	if c.LeaderTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("leader timeout %s below 1s", c.LeaderTimeout))
+	}
+	if c.WaitReplicas < 0 {
+		errs = append(errs, fmt.Errorf("wait replicas %d is negative", c.WaitReplicas))
+	}
+	if c.WaitReplicas > 0 && c.WaitTimeout >= c.PublishTimeout {
+		errs = append(errs, fmt.Errorf("wait timeout %s must be below the publish timeout %s", c.WaitTimeout, c.PublishTimeout))
+	}
+	if err := c.Trim.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.MinBackoff > c.MaxBackoff {
 		errs = append(errs, fmt.Errorf("min backoff %s above max backoff %s", c.MinBackoff, c.MaxBackoff))

@@ -43,24 +43,37 @@ type parked struct {
 // "this entry is bad" (entryRejections). A refused entry is remembered, so
 // that when the refusal also broke the connection (Redis closes it after an
 // over-long argument) the retried batch parks it without sending it again.
-func (r *Relay) publish(ctx context.Context, events []outbox.Event) (published int, dead []parked, err error) {
+//
+// A leader (ordering Strict) publishes through its fence instead
+// (leadership.publishFenced): all or nothing, in one script.
+func (r *Relay) publish(ctx context.Context, events []outbox.Event, l *leadership) (published int, dead []parked, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 
 	bulkLimit := r.bulkLimit.get(ctx, r.rdb)
 	reasons := make([]string, len(events)) // why event i is parked; "" if not
 	cmds := make([]*redis.StringCmd, len(events))
-	pipe := r.rdb.Pipeline()
 	for i, e := range events {
-		if reasons[i] = r.unpublishable(e, bulkLimit); reasons[i] != "" {
-			continue
-		}
-		cmds[i] = pipe.XAdd(ctx, r.xaddArgs(r.cfg.Stream, e.ID, e.Type, e.Payload, ""))
-	}
-	if pipe.Len() > 0 {
-		_, _ = pipe.Exec(ctx) // each command carries its own error
+		reasons[i] = r.unpublishable(e, bulkLimit)
 	}
 	var failed error
+	var wait *redis.Cmd // WAIT for replicas (wait.go), nil when not asked
+	if l != nil {
+		failed = l.publishFenced(ctx, events, reasons)
+	} else {
+		pipe := r.rdb.Pipeline()
+		// XINFO STREAM before the XADDs: has the stream gone back in time
+		// since the last batch (streamloss.go)?
+		check := r.stream.queueCheck(ctx, pipe, r.cfg.Stream)
+		for i, e := range events {
+			if reasons[i] == "" {
+				cmds[i] = pipe.XAdd(ctx, r.xaddArgs(r.cfg.Stream, e.ID, e.Type, e.Payload, ""))
+			}
+		}
+		wait = r.queueWait(ctx, pipe)
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+		r.observeBatch(check, cmds)
+	}
 	for i, cmd := range cmds {
 		if cmd == nil || cmd.Err() == nil {
 			continue
@@ -78,8 +91,11 @@ func (r *Relay) publish(ctx context.Context, events []outbox.Event) (published i
 		r.bulkLimit.expire() // a lowered limit shows as a reset connection: read it again
 		return 0, nil, &publishError{failed}
 	}
+	if err := r.checkWait(wait); err != nil {
+		return 0, nil, err
+	}
 
-	pipe = r.rdb.Pipeline()
+	pipe := r.rdb.Pipeline()
 	for i, e := range events {
 		if reasons[i] == "" {
 			published++
@@ -93,8 +109,12 @@ func (r *Relay) publish(ctx context.Context, events []outbox.Event) (published i
 		pipe.XAdd(ctx, r.xaddArgs(r.cfg.DeadLetterStream, e.ID, e.Type, payload, reasons[i]))
 	}
 	if pipe.Len() > 0 {
+		wait := r.queueWait(ctx, pipe)
 		if _, err := pipe.Exec(ctx); err != nil {
 			return 0, nil, &publishError{fmt.Errorf("adding to the dead-letter stream %s: %w", r.cfg.DeadLetterStream, err)}
+		}
+		if err := r.checkWait(wait); err != nil {
+			return 0, nil, err
 		}
 	}
 	return published, dead, nil

@@ -35,12 +35,18 @@ type Relay struct {
 	refused refusals
 	// bulkLimit is Redis's proto-max-bulk-len, read from the server.
 	bulkLimit bulkLimit
+	// stream is what the relay knows of its stream, to notice a reset (streamloss.go).
+	stream streamGuard
 
 	// testHookBeforeCommit, when set, runs after every XADD of a batch was
 	// acknowledged and before the commit; an error rolls the batch back.
 	// Tests use it to fail between publish and commit, a fault no real
 	// server can be made to show at exactly that point.
 	testHookBeforeCommit func(ctx context.Context) error
+	// testHookBeforePublish, when set, runs before a batch is published; an
+	// error fails the batch before anything reached Redis. Tests use it to
+	// fail a batch in the middle of the pipeline.
+	testHookBeforePublish func(events []outbox.Event) error
 }
 
 // errNotStarted is the readiness error before the first pass.
@@ -91,20 +97,145 @@ func (r *Relay) setErr(err error) {
 // start.
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("Relay started", "database", r.cfg.Database, "batchSize", r.cfg.BatchSize,
-		"pollInterval", r.cfg.PollInterval.String(), "inFlight", r.cfg.InFlight)
+		"pollInterval", r.cfg.PollInterval.String(), "inFlight", r.cfg.InFlight, "ordering", string(r.cfg.Ordering))
 	r.ensureDeadLetterTable(ctx)
 	listenCtx, stopListening := context.WithCancel(ctx)
 	defer stopListening()
 	go r.listen(listenCtx)
+	go r.watchStream(listenCtx) // stream resets, trimming (streamloss.go, trim.go)
 
-	seq := newSequencer()
-	var wg sync.WaitGroup
-	for range r.cfg.InFlight {
-		wg.Go(func() { r.loop(ctx, seq) })
+	if r.cfg.Ordering == OrderingStrict {
+		r.lead(ctx)
+	} else {
+		r.pipeline(ctx, nil)
 	}
-	wg.Wait()
 	r.log.Info("Relay stopped")
 	return nil
+}
+
+// batch is a claimed batch. Its transaction holds the rows' locks until the
+// publisher commits it or rolls it back.
+type batch struct {
+	tx     pgx.Tx
+	events []outbox.Event
+	start  time.Time
+	// ctx bounds the batch from its claim to its commit; it outlives the
+	// relay's context, so a SIGTERM finishes a claimed batch instead of
+	// cutting it off.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// epoch is the pipeline's epoch when the claim began: a batch claimed
+	// before a failure is rolled back, not published.
+	epoch uint64
+}
+
+// pipeline relays until ctx ends: one claimer feeds claimed batches, in
+// claim order, through a FIFO to one publisher, which publishes and commits
+// them in that order. At most InFlight batches hold a transaction at once
+// (the tokens). When a batch fails, the publisher rolls it back, then moves
+// the epoch on: every batch claimed before that (so claimed past the failed
+// rows) is rolled back unpublished, and the claimer waits out the backoff
+// and claims again from the oldest pending row. So order holds by
+// construction: the stream receives batches in claim order, and nothing is
+// published after a failed batch until it has succeeded. With a leader
+// (strict ordering), every batch is fenced by its leadership.
+func (r *Relay) pipeline(ctx context.Context, l *leadership) {
+	p := &pipe{
+		queue:  make(chan *batch, r.cfg.InFlight),
+		tokens: make(chan struct{}, r.cfg.InFlight),
+	}
+	for range r.cfg.InFlight {
+		p.tokens <- struct{}{}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { r.publisher(ctx, p, l) })
+	r.claimer(ctx, p, l)
+	close(p.queue)
+	wg.Wait()
+}
+
+// pipe is what the claimer and the publisher share.
+type pipe struct {
+	queue  chan *batch
+	tokens chan struct{}
+	epoch  atomic.Uint64
+	// resume is when the claimer may claim again after a failure (Unix nanos).
+	resume atomic.Int64
+}
+
+// claimer claims batches while ctx lasts and hands them to the publisher.
+func (r *Relay) claimer(ctx context.Context, p *pipe, l *leadership) {
+	for {
+		select {
+		case <-p.tokens:
+		case <-ctx.Done():
+			return
+		}
+		if wait := time.Until(time.Unix(0, p.resume.Load())); wait > 0 {
+			sleep(ctx, wait, nil)
+		}
+		if ctx.Err() != nil {
+			p.tokens <- struct{}{}
+			return
+		}
+		epoch := p.epoch.Load()
+		b, err := r.claim(ctx, l)
+		var pause time.Duration
+		var wake <-chan struct{}
+		switch {
+		case err != nil:
+			p.tokens <- struct{}{}
+			failures := int(r.failures.Add(1))
+			pause = r.retryDelay(err, failures)
+			r.setErr(err)
+			r.report(err, failures, pause)
+		case b == nil: // nothing pending
+			p.tokens <- struct{}{}
+			r.setErr(nil)
+			r.recovered()
+			pause, wake = r.cfg.PollInterval, r.wake
+		default:
+			b.epoch = epoch
+			p.queue <- b // never blocks: a token is held for it
+			if len(b.events) < r.cfg.BatchSize {
+				pause, wake = r.cfg.BusyPollInterval, r.wake
+			}
+		}
+		if pause > 0 {
+			sleep(ctx, pause, wake)
+		}
+	}
+}
+
+// publisher publishes and commits the batches in the order they were
+// claimed, until the claimer closes the queue.
+func (r *Relay) publisher(ctx context.Context, p *pipe, l *leadership) {
+	for b := range p.queue {
+		if b.epoch != p.epoch.Load() {
+			r.rollback(b) // claimed past a batch that failed
+			p.tokens <- struct{}{}
+			continue
+		}
+		_, err := r.finish(b, l)
+		p.tokens <- struct{}{}
+		r.setErr(err)
+		if err == nil {
+			r.recovered()
+			continue
+		}
+		p.epoch.Add(1) // after finish rolled the failed batch back
+		failures := int(r.failures.Add(1))
+		pause := r.retryDelay(err, failures)
+		p.resume.Store(time.Now().Add(pause).UnixNano())
+		r.report(err, failures, pause)
+	}
+}
+
+// recovered ends an outage: it logs how long it was and resets the count.
+func (r *Relay) recovered() {
+	if failures := r.failures.Swap(0); failures > 0 {
+		r.log.Info("Relay recovered", "failedPasses", failures)
+	}
 }
 
 // ensureDeadLetterTable creates the dead-letter table if it is missing, so
@@ -120,57 +251,8 @@ func (r *Relay) ensureDeadLetterTable(ctx context.Context) {
 	}
 }
 
-// loop runs passes, each holding the claim token of seq until its claim
-// came back full (then the next claim may overlap this batch's publish) or
-// until its pause is over (so that polling is not multiplied by InFlight).
-func (r *Relay) loop(ctx context.Context, seq *sequencer) {
-	for {
-		ticket, ok := seq.acquire(ctx)
-		if !ok {
-			return
-		}
-		res, err := r.pass(ctx, seq, ticket)
-		var pause time.Duration
-		var wake <-chan struct{}
-		switch {
-		case err != nil:
-			failures := int(r.failures.Add(1))
-			pause = r.retryDelay(err, failures)
-			r.report(err, failures, pause)
-		case res.claimed == r.cfg.BatchSize:
-			// More is waiting: no pause after a full batch.
-		case res.claimed > 0:
-			pause, wake = r.cfg.BusyPollInterval, r.wake
-		default:
-			pause, wake = r.cfg.PollInterval, r.wake
-		}
-		if err == nil {
-			if failures := r.failures.Swap(0); failures > 0 {
-				r.log.Info("Relay recovered", "failedPasses", failures)
-			}
-		}
-		if pause > 0 {
-			sleep(ctx, pause, wake)
-		}
-		if !res.released {
-			seq.release()
-		}
-	}
-}
-
-// pass runs one batch. The batch in flight is not cut off by ctx: it
-// finishes or rolls back under its own deadline, so a SIGTERM never leaves a
-// half-done transaction.
-func (r *Relay) pass(ctx context.Context, seq *sequencer, ticket uint64) (*result, error) {
-	passCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+passSlack)
-	defer cancel()
-	res, err := r.runBatch(passCtx, seq, ticket)
-	r.setErr(err)
-	return res, err
-}
-
-// passSlack is the time a pass may take beyond its publish deadline for the
-// claim and the commit; statement_timeout bounds those on the server too.
+// passSlack is the time a batch may take beyond its publish deadlines for
+// the claim and the commit; statement_timeout bounds those on the server too.
 const passSlack = 15 * time.Second
 
 func (r *Relay) retryDelay(err error, failures int) time.Duration {
@@ -214,79 +296,109 @@ func errorKind(err error) string {
 	case errors.Is(err, outbox.ErrDeadLetterTableNotFound):
 		return ErrorKindDeadLetterTableMissing
 	case errors.As(err, &pe):
-		return ErrorKindRedis
+		return pe.kind() // redis, or redis_replicas (wait.go)
 	default:
 		return ErrorKindPostgres
 	}
 }
 
-// result is what one pass did.
+// result is what one batch did.
 type result struct {
 	claimed, published, deadLettered int
-	// released: the pass gave the claim token back early, after a full claim.
-	released bool
 }
 
-// runOnce claims, publishes and commits one batch on its own, without a
-// sequencer.
+// runOnce claims, publishes and commits one batch on its own, outside the
+// pipeline.
 func (r *Relay) runOnce(ctx context.Context) (*result, error) {
-	return r.runBatch(ctx, nil, 0)
+	b, err := r.claim(ctx, nil)
+	r.setErr(err)
+	if err != nil || b == nil {
+		return &result{}, err
+	}
+	res, err := r.finish(b, nil)
+	r.setErr(err)
+	return res, err
 }
 
-// runBatch claims, publishes and commits one batch. With a sequencer, it
-// publishes in ticket order and releases the claim token right after a full
-// claim.
-func (r *Relay) runBatch(ctx context.Context, seq *sequencer, ticket uint64) (*result, error) {
-	res := &result{}
-	turnDone := seq == nil
-	endTurn := func() {
-		if !turnDone {
-			turnDone = true
-			seq.done(ticket)
+// claim begins a transaction and claims a batch in it; nil when nothing is
+// pending. The transaction stays open for finish. With a leader, the batch
+// is fenced first (leadership.fence).
+func (r *Relay) claim(ctx context.Context, l *leadership) (*batch, error) {
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.batchTimeout())
+	b := &batch{ctx: bctx, cancel: cancel, start: time.Now()}
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("beginning batch: %w", err)
+	}
+	b.tx = tx
+	if l != nil {
+		if err := l.fence(ctx, tx); err != nil {
+			r.rollback(b)
+			return nil, err
 		}
 	}
-	defer endTurn() // on every path, so later tickets never wait forever
+	b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.BatchSize)
+	if err != nil {
+		r.rollback(b)
+		return nil, fmt.Errorf("claiming batch: %w", err)
+	}
+	if len(b.events) == 0 {
+		r.rollback(b) // nothing to keep; ends the transaction at once
+		// Nothing to publish: still make sure Redis answers, so that
+		// readiness tells the truth on an idle outbox.
+		if err := r.rdb.Ping(ctx).Err(); err != nil {
+			return nil, &publishError{fmt.Errorf("pinging Redis: %w", err)}
+		}
+		return nil, nil
+	}
+	return b, nil
+}
 
-	err := pgtx.Run(ctx, r.db, func(tx pgx.Tx) error {
-		start := time.Now()
-		events, err := r.cfg.Table.Claim(ctx, tx, r.cfg.BatchSize)
-		if err != nil {
-			return fmt.Errorf("claiming batch: %w", err)
-		}
-		res.claimed = len(events)
-		if seq != nil && len(events) == r.cfg.BatchSize {
-			seq.release()
-			res.released = true
-		}
-		if len(events) == 0 {
-			// Nothing to publish: still make sure Redis answers, so that
-			// readiness tells the truth on an idle outbox.
-			if err := r.rdb.Ping(ctx).Err(); err != nil {
-				return &publishError{fmt.Errorf("pinging Redis: %w", err)}
+// batchTimeout bounds a batch from claim to commit: its wait behind the
+// batches claimed before it, its own publish, and the claim and commit.
+func (r *Relay) batchTimeout() time.Duration {
+	return time.Duration(r.cfg.InFlight)*r.cfg.PublishTimeout + passSlack
+}
+
+// rollback ends a batch's transaction without publishing, under a context
+// that is not cancelled, so its locks are released at once.
+func (r *Relay) rollback(b *batch) {
+	defer b.cancel()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(b.ctx), 5*time.Second)
+	defer cancel()
+	_ = b.tx.Rollback(rctx)
+}
+
+// finish publishes a claimed batch, parks what cannot be published, and
+// commits; on any error it rolls the batch back.
+func (r *Relay) finish(b *batch, l *leadership) (*result, error) {
+	defer b.cancel()
+	res := &result{claimed: len(b.events)}
+	err := pgtx.Run(b.ctx, txBeginner{b.tx}, func(tx pgx.Tx) error {
+		if r.testHookBeforePublish != nil {
+			if err := r.testHookBeforePublish(b.events); err != nil {
+				return err
 			}
-			return nil
-		}
-		if seq != nil {
-			seq.wait(ticket)
 		}
 		var dead []parked
-		res.published, dead, err = r.publish(ctx, events)
-		endTurn()
+		var err error
+		res.published, dead, err = r.publish(b.ctx, b.events, l)
 		if err != nil {
 			return err
 		}
 		for _, d := range dead {
-			if err := r.cfg.Table.Park(ctx, tx, r.cfg.Stream, d.event, d.reason); err != nil {
+			if err := r.cfg.Table.Park(b.ctx, tx, r.cfg.Stream, d.event, d.reason); err != nil {
 				return err
 			}
 		}
 		res.deadLettered = len(dead)
 		if r.testHookBeforeCommit != nil {
-			if err := r.testHookBeforeCommit(ctx); err != nil {
+			if err := r.testHookBeforeCommit(b.ctx); err != nil {
 				return err
 			}
 		}
-		if err := tx.Commit(ctx); err != nil {
+		if err := tx.Commit(b.ctx); err != nil {
 			return fmt.Errorf("committing batch: %w", err)
 		}
 		for _, d := range dead {
@@ -298,8 +410,8 @@ func (r *Relay) runBatch(ctx context.Context, seq *sequencer, ticket uint64) (*r
 		r.cfg.Metrics.Batches.Inc()
 		r.cfg.Metrics.EventsPublished.Add(float64(res.published))
 		r.cfg.Metrics.EventsDeadLettered.Add(float64(res.deadLettered))
-		r.cfg.Metrics.BatchDuration.Observe(now.Sub(start).Seconds())
-		for _, e := range events {
+		r.cfg.Metrics.BatchDuration.Observe(now.Sub(b.start).Seconds())
+		for _, e := range b.events {
 			if !e.CreatedAt.IsZero() {
 				r.cfg.Metrics.Lag.Observe(now.Sub(e.CreatedAt).Seconds())
 			}
@@ -308,6 +420,12 @@ func (r *Relay) runBatch(ctx context.Context, seq *sequencer, ticket uint64) (*r
 	})
 	return res, err
 }
+
+// txBeginner hands an open transaction to pgtx.Run, which then commits or
+// rolls it back like one it began.
+type txBeginner struct{ tx pgx.Tx }
+
+func (t txBeginner) Begin(context.Context) (pgx.Tx, error) { return t.tx, nil }
 
 // sleep waits for d, ctx or a signal on wake (nil: never).
 func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
