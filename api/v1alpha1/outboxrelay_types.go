@@ -315,7 +315,34 @@ type OutboxRelaySpec struct {
 	// Deployment, the cleanup CronJob and the backlog measurements.
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
+
+	// ordering is what the relays promise about the order of the stream.
+	// None (the default, the throughput mode): any number of relays, several
+	// batches in flight, no order promised across batches. Strict: one relay
+	// is active at a time (the leader, fenced by a PostgreSQL advisory lock
+	// and an epoch checked by Redis), the other replicas are warm standbys
+	// that take over within seconds, a rollout hands over without overlap,
+	// and the stream receives the events in (created_at, id) order of the
+	// rows committed when they are claimed; extra replicas add standbys, not
+	// throughput. Changing it rolls the relays; until the old pods are gone
+	// the old mode's promise applies. docs/relay.md, "Ordering".
+	// +optional
+	// +kubebuilder:default=None
+	Ordering Ordering `json:"ordering,omitempty"`
 }
+
+// Ordering is what the relays of an OutboxRelay promise about the order of
+// the stream.
+// +kubebuilder:validation:Enum=None;Strict
+type Ordering string
+
+// The orderings.
+const (
+	// OrderingNone promises no order across batches: the throughput mode.
+	OrderingNone Ordering = "None"
+	// OrderingStrict runs one fenced leader; the stream is in claim order.
+	OrderingStrict Ordering = "Strict"
+)
 
 // OutboxRelayStatus is the observed state of an OutboxRelay.
 type OutboxRelayStatus struct {
@@ -400,6 +427,7 @@ type OutboxRelayStatus struct {
 // +kubebuilder:printcolumn:name="Replicas",type=string,JSONPath=`.status.replicaSummary`,description="Ready/desired relays"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Ordering",type=string,JSONPath=`.spec.ordering`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 44",message="metadata.name must be at most 44 characters, so that the CronJob <name>-cleanup fits the 52 characters Kubernetes allows"
 type OutboxRelay struct {

@@ -154,6 +154,16 @@ func TestRelayDeploymentFollowsSpec(t *testing.T) {
 	require.Equal(t, "dedicated", relay.Spec.Relay.Tolerations[0].Key)
 }
 
+func TestRelayDeploymentOrdering(t *testing.T) {
+	t.Parallel()
+	relay := newRelay("shop", "orders")
+	for _, a := range RelayDeployment(relay, testImage, "h", 1).Spec.Template.Spec.Containers[0].Args {
+		require.NotContains(t, a, "--ordering", "the default adds no flag, so upgrades do not roll relays")
+	}
+	relay.Spec.Ordering = v1alpha1.OrderingStrict
+	require.Contains(t, RelayDeployment(relay, testImage, "h", 1).Spec.Template.Spec.Containers[0].Args, "--ordering=Strict")
+}
+
 func TestRelayDeploymentIsDeterministic(t *testing.T) {
 	t.Parallel()
 	relay := newRelay("shop", "orders")

@@ -88,6 +88,11 @@ func relayArgs(relay *v1alpha1.OutboxRelay) []string {
 	if spec.Redis.DeadLetterStream != "" {
 		args = append(args, "--dead-letter-stream="+spec.Redis.DeadLetterStream)
 	}
+	if spec.Ordering != "" && spec.Ordering != v1alpha1.OrderingNone {
+		// Only when set: the default adds no flag, so existing relays do
+		// not roll when the operator is upgraded.
+		args = append(args, "--ordering="+string(spec.Ordering))
+	}
 	return append(args,
 		"--batch-size="+strconv.Itoa(int(spec.Relay.GetBatchSize())),
 		durationFlag("poll-interval", spec.Relay.GetPollInterval()),
