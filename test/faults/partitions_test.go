@@ -9,7 +9,7 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"strconv"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,31 +152,27 @@ func testPartitioned(t *testing.T, env relayEnv, l outboxLayout) {
 	require.Zero(t, r.Unexpected)
 }
 
-// cleanupLoop runs `relay cleanup --retention 0s` again and again.
+// cleanupLoop runs `relay cleanup --retention 0s` again and again. It is
+// never killed mid-run: a killed client's session would keep its DELETE
+// running, and its row locks, until PostgreSQL noticed.
 type cleanupLoop struct {
-	cancel  context.CancelFunc
-	done    chan struct{}
-	deleted int
-	runs    int
-	errs    []error
+	stopping atomic.Bool
+	done     chan struct{}
+	deleted  int
+	runs     int
+	errs     []error
 }
 
 var deletedRE = regexp.MustCompile(`deleted (\d+) `)
 
 func startCleanupLoop(t testing.TB, env relayEnv, table string) *cleanupLoop {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &cleanupLoop{cancel: cancel, done: make(chan struct{})}
-	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); <-c.done }) }
-	t.Cleanup(stop)
+	c := &cleanupLoop{done: make(chan struct{})}
+	t.Cleanup(func() { c.stopping.Store(true); <-c.done })
 	go func() {
 		defer close(c.done)
-		for ctx.Err() == nil {
-			out, _, err := relayCommand(ctx, env, "cleanup", "--table", table, "--retention", "0s", "--batch-size", "100")
-			if ctx.Err() != nil {
-				return
-			}
+		for !c.stopping.Load() {
+			out, _, err := relayCommand(context.Background(), env, "cleanup", "--table", table, "--retention", "0s", "--batch-size", "100")
 			c.runs++
 			if err != nil {
 				c.errs = append(c.errs, err)
@@ -198,7 +194,7 @@ func startCleanupLoop(t testing.TB, env relayEnv, table string) *cleanupLoop {
 // failed, and returns the rows deleted and the runs.
 func (c *cleanupLoop) stop(t testing.TB) (deleted, runs int) {
 	t.Helper()
-	c.cancel()
+	c.stopping.Store(true)
 	<-c.done
 	require.NoError(t, errors.Join(c.errs...), "relay cleanup")
 	return c.deleted, c.runs
