@@ -37,6 +37,31 @@ const (
 )
 SELECT r_id, r_type, r_payload, r_created FROM claimed ORDER BY sort_created, sort_id`
 
+	// claimKeyedSQL (with %[14]s the key column) is claimSQL for ordering
+	// PerKey: it takes only rows of
+	// the key partitions in $3 (of $2 partitions), and returns each row's key
+	// and partition. A row's partition is a stable hash of its key
+	// (hashtextextended, seed 0; a NULL key counts as the empty string), so
+	// every event of one key is in one partition, drained in order by its
+	// one owner.
+	claimKeyedSQL = `WITH batch AS (
+	SELECT tableoid, ctid FROM %[1]s
+	WHERE %[6]s IS NULL
+		AND (hashtextextended(coalesce(%[14]s::text, ''), 0) & 9223372036854775807) %% $2 = ANY($3::bigint[])
+	ORDER BY %[5]s, %[2]s
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+), claimed AS (
+	UPDATE %[1]s AS o SET %[6]s = now()
+	FROM batch
+	WHERE o.tableoid = batch.tableoid AND o.ctid = batch.ctid
+	RETURNING o.%[2]s AS sort_id, o.%[5]s AS sort_created,
+		o.%[2]s::text AS r_id, o.%[3]s::text AS r_type, o.%[4]s::text AS r_payload, o.%[5]s::timestamptz AS r_created,
+		coalesce(o.%[14]s::text, '') AS r_key,
+		(hashtextextended(coalesce(o.%[14]s::text, ''), 0) & 9223372036854775807) %% $2 AS r_partition
+)
+SELECT r_id, r_type, r_payload, r_created, r_key, r_partition FROM claimed ORDER BY sort_created, sort_id`
+
 	// backlogSQL counts pending rows and finds the oldest. With the partial
 	// index both are index-only over the pending rows.
 	backlogSQL = `SELECT count(*), min(%[5]s)::timestamptz FROM %[1]s WHERE %[6]s IS NULL`
@@ -174,6 +199,43 @@ FOR UPDATE SKIP LOCKED`
 	// countDeadLettersSQL counts parked rows.
 	countDeadLettersSQL = `SELECT count(*) FROM %[11]s`
 
+	// streamResetsDDL (with %[14]s the table) creates the table where relays
+	// record that the stream went back in time (it lost entries): the window
+	// of dispatch times whose events may be gone, until a replay covers it.
+	// The operator reads it with the backlog check (docs/operations.md).
+	streamResetsDDL = `CREATE TABLE IF NOT EXISTS %[14]s (
+	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	stream text NOT NULL,
+	detected_at timestamptz NOT NULL DEFAULT now(),
+	window_start timestamptz NOT NULL,
+	window_end timestamptz NOT NULL,
+	reason text NOT NULL,
+	replayed_at timestamptz NULL
+);`
+
+	// recordStreamResetSQL (with %[14]s the resets table) records one reset.
+	recordStreamResetSQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason) VALUES ($1, $2, $3, $4)`
+
+	// pendingStreamResetsSQL (with %[14]s the resets table) sums up the
+	// resets of stream $1 that no replay has covered yet: how many, the
+	// union of their windows and the latest detection.
+	pendingStreamResetsSQL = `SELECT count(*), min(window_start), max(window_end), max(detected_at)
+FROM %[14]s WHERE stream = $1 AND replayed_at IS NULL`
+
+	// markStreamResetsReplayedSQL (with %[14]s the resets table) marks the
+	// resets of stream $1 whose window lies within [$2, $3] as replayed.
+	markStreamResetsReplayedSQL = `UPDATE %[14]s SET replayed_at = now()
+WHERE stream = $1 AND replayed_at IS NULL AND window_start >= $2 AND window_end <= $3`
+
+	// dispatchedSQL reads the rows dispatched in [$1, $2), oldest first by
+	// (created_at, id) as the claim orders them, for a replay. It is one
+	// statement whose rows are streamed: one scan of the table however many
+	// pages the replay publishes (no index serves dispatched_at; a replay
+	// is rare and bounded by the retention).
+	dispatchedSQL = `SELECT %[2]s::text, %[3]s::text, %[4]s::text, %[5]s::timestamptz FROM %[1]s
+WHERE %[6]s >= $1 AND %[6]s < $2
+ORDER BY %[5]s, %[2]s`
+
 	// The trigger is statement-level: one NOTIFY per inserting statement,
 	// not per row. NOTIFY serialises committing transactions on a global
 	// lock, so it is optional and polling is good on its own.
@@ -251,7 +313,7 @@ func (t *Table) DDL(opts DDLOptions) string {
 	if opts.Partitioned {
 		table = partitionedTableDDL
 	}
-	parts = append(parts, t.format(table), t.format(indexDDL), t.format(deadLetterDDL))
+	parts = append(parts, t.format(table), t.format(indexDDL), t.format(deadLetterDDL), t.StreamResetsDDL())
 	if opts.Notify {
 		parts = append(parts, t.format(triggerDDL))
 	}

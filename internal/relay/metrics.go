@@ -24,6 +24,8 @@ type Metrics struct {
 	BatchDuration      prometheus.Histogram
 	Lag                prometheus.Histogram
 	Ready              prometheus.Gauge
+	// stream: resets, trimming, replays (streamloss.go).
+	stream *streamMetrics
 }
 
 // NewMetrics creates the collectors, not yet registered.
@@ -60,7 +62,8 @@ func NewMetrics() *Metrics {
 			Help: "1 when the last pass reached PostgreSQL and Redis, else 0.",
 		}),
 	}
-	for _, k := range []string{ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout, ErrorKindDeadLetterTableMissing} {
+	m.stream = newStreamMetrics()
+	for _, k := range []string{ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout, ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas} {
 		m.Errors.WithLabelValues(k)
 	}
 	return m
@@ -68,9 +71,9 @@ func NewMetrics() *Metrics {
 
 // Register registers every collector with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{
+	for _, c := range append([]prometheus.Collector{
 		m.EventsPublished, m.EventsDeadLettered, m.Batches, m.Errors, m.BatchDuration, m.Lag, m.Ready,
-	} {
+	}, m.stream.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

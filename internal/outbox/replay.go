@@ -1,0 +1,149 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// StreamResetsTableName is the name of the table, beside the outbox table,
+// where relays record that their stream lost entries.
+func (t *Table) StreamResetsTableName() string { return t.objectName("stream_resets") }
+
+// StreamResetsTable is that table's name as a person would type it,
+// schema-qualified when the outbox table is.
+func (t *Table) StreamResetsTable() string {
+	if t.schema != "" {
+		return t.schema + "." + t.StreamResetsTableName()
+	}
+	return t.StreamResetsTableName()
+}
+
+// StreamResetsDDL creates only the stream-resets table.
+func (t *Table) StreamResetsDDL() string { return t.resets(streamResetsDDL) }
+
+// resets fills a statement on the stream-resets table.
+func (t *Table) resets(tmpl string) string {
+	return t.format(tmpl, t.qualified(t.StreamResetsTableName()))
+}
+
+// StreamReset is a window of dispatch times whose events may be missing
+// from a stream: the stream went back in time (Redis restarted without
+// persistence, was flushed, failed over to a replica that lagged, evicted
+// the key) and entries the relay had added were gone.
+type StreamReset struct {
+	Stream string
+	// WindowStart and WindowEnd bound the dispatched_at of the rows whose
+	// events may be lost; `relay replay` republishes them.
+	WindowStart, WindowEnd time.Time
+	// Reason says what the relay saw.
+	Reason string
+}
+
+// EnsureStreamResetsTable creates the stream-resets table if it is missing.
+// Relays starting at once may race to create it; the loser's error is
+// ignored.
+func (t *Table) EnsureStreamResetsTable(ctx context.Context, q Querier) error {
+	_, err := q.Exec(ctx, t.StreamResetsDDL())
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") { // unique_violation, duplicate_table
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("creating stream-resets table %s: %w", t.StreamResetsTable(), t.classify(err))
+	}
+	return nil
+}
+
+// RecordStreamReset records a reset.
+func (t *Table) RecordStreamReset(ctx context.Context, q Querier, r StreamReset) error {
+	if _, err := q.Exec(ctx, t.resets(recordStreamResetSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason); err != nil {
+		return fmt.Errorf("recording a stream reset in %s: %w", t.StreamResetsTable(), err)
+	}
+	return nil
+}
+
+// PendingResets sums up the resets of one stream that no replay has
+// covered yet. The zero value (Count 0) means the stream is intact as far
+// as the relays know.
+type PendingResets struct {
+	// Count of resets recorded and not replayed.
+	Count int64 `json:"count"`
+	// WindowStart and WindowEnd are the union of their windows; nil when
+	// Count is 0.
+	WindowStart *time.Time `json:"windowStart,omitempty"`
+	WindowEnd   *time.Time `json:"windowEnd,omitempty"`
+	// LastDetected is the latest detection.
+	LastDetected *time.Time `json:"lastDetected,omitempty"`
+}
+
+// PendingStreamResets reads the resets of stream not yet replayed. A
+// missing stream-resets table means none.
+func (t *Table) PendingStreamResets(ctx context.Context, q Querier, stream string) (PendingResets, error) {
+	var p PendingResets
+	err := q.QueryRow(ctx, t.resets(pendingStreamResetsSQL), stream).Scan(&p.Count, &p.WindowStart, &p.WindowEnd, &p.LastDetected)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: no reset was ever recorded
+		return PendingResets{}, nil
+	}
+	if err != nil {
+		return PendingResets{}, fmt.Errorf("reading stream resets from %s: %w", t.StreamResetsTable(), t.classify(err))
+	}
+	return p, nil
+}
+
+// MarkStreamResetsReplayed marks the resets of stream whose window lies
+// within [since, until] as replayed, and returns how many. A missing
+// table means none.
+func (t *Table) MarkStreamResetsReplayed(ctx context.Context, q Querier, stream string, since, until time.Time) (int64, error) {
+	tag, err := q.Exec(ctx, t.resets(markStreamResetsReplayedSQL), stream, since, until)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("marking stream resets replayed in %s: %w", t.StreamResetsTable(), err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Dispatched reads the rows dispatched at or after since and before until,
+// in (created_at, id) order, and hands them to fn in pages of at most page
+// events. It runs one statement whose rows are streamed, so memory stays
+// bounded by a page; the rows are read from one snapshot, so cleanup
+// deleting them meanwhile changes nothing. fn's error stops the read.
+func (t *Table) Dispatched(ctx context.Context, q Querier, since, until time.Time, page int, fn func([]Event) error) error {
+	if page < 1 {
+		return fmt.Errorf("page size %d: must be positive", page)
+	}
+	rows, err := q.Query(ctx, t.format(dispatchedSQL), since, until)
+	if err != nil {
+		return t.classify(err)
+	}
+	defer rows.Close()
+	events := make([]Event, 0, page)
+	for rows.Next() {
+		var id, typ, payload *string
+		var created *time.Time
+		if err := rows.Scan(&id, &typ, &payload, &created); err != nil {
+			return fmt.Errorf("scanning dispatched row: %w", err)
+		}
+		events = append(events, newEvent(t.columns, id, typ, payload, created))
+		if len(events) == page {
+			if err := fn(events); err != nil {
+				return err
+			}
+			events = events[:0]
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return t.classify(err)
+	}
+	if len(events) > 0 {
+		return fn(events)
+	}
+	return nil
+}

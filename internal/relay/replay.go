@@ -1,0 +1,129 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+)
+
+// ReplayOptions configures Replay.
+type ReplayOptions struct {
+	// Stream receives the events again; required.
+	Stream string
+	// Since and Until bound the dispatch times (dispatched_at) of the rows
+	// republished: Since <= dispatched_at < Until.
+	Since, Until time.Time
+	// BatchSize is the number of events per pipeline; default
+	// DefaultBatchSize.
+	BatchSize int
+	// PublishTimeout bounds each pipeline; default DefaultPublishTimeout.
+	PublishTimeout time.Duration
+	// MaxPayloadBytes: larger payloads are skipped (the relay parked them
+	// when they were claimed); default DefaultMaxPayloadBytes.
+	MaxPayloadBytes int
+	// WaitReplicas and WaitTimeout make each pipeline WAIT for replicas, as
+	// the relay does.
+	WaitReplicas int
+	WaitTimeout  time.Duration
+	// MarkSince, when set, replaces Since as the start of the window within
+	// which recorded resets are marked replayed (an automatic replay
+	// clamped to its bound still covers the reset it was made for).
+	MarkSince time.Time
+}
+
+// ReplayResult is what Replay did.
+type ReplayResult struct {
+	// Republished is the number of events added to the stream again.
+	Republished int64 `json:"republished"`
+	// Skipped counts the rows that were not: malformed, or over the
+	// payload limit (the relay parked them in the dead-letter table).
+	Skipped int64 `json:"skipped"`
+	// First and Last are the created_at of the first and last event
+	// republished.
+	First *time.Time `json:"first,omitempty"`
+	Last  *time.Time `json:"last,omitempty"`
+	// ResetsReplayed is the number of recorded stream resets whose window
+	// the replay covered, now marked replayed.
+	ResetsReplayed int64 `json:"resetsReplayed"`
+}
+
+// Replay republishes the rows dispatched in [Since, Until) to the stream,
+// in (created_at, id) order, in pipelines of BatchSize entries, each
+// acknowledged by Redis (and WaitReplicas replicas) before the next is
+// sent: at least once, so consumers see duplicates of what they already
+// had, and dedupe them on event_id. The rows stay as they are. When every
+// page went out, the recorded stream resets of the stream whose window lies
+// within [Since, Until] are marked replayed. On an error, what was
+// republished so far is in the result; running the same replay again is
+// safe.
+func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis.UniversalClient, o ReplayOptions) (ReplayResult, error) {
+	var res ReplayResult
+	if o.Stream == "" {
+		return res, errors.New("replay: a stream is required")
+	}
+	if !o.Since.Before(o.Until) {
+		return res, fmt.Errorf("replay: since %s is not before until %s", o.Since.Format(time.RFC3339), o.Until.Format(time.RFC3339))
+	}
+	r := &Relay{cfg: Config{
+		Table: table, Stream: o.Stream,
+		MaxPayloadBytes: cmp.Or(o.MaxPayloadBytes, DefaultMaxPayloadBytes),
+		PublishTimeout:  cmp.Or(o.PublishTimeout, DefaultPublishTimeout),
+		WaitReplicas:    o.WaitReplicas, WaitTimeout: cmp.Or(o.WaitTimeout, DefaultWaitTimeout),
+	}}
+	err := table.Dispatched(ctx, db, o.Since, o.Until, cmp.Or(o.BatchSize, DefaultBatchSize), func(events []outbox.Event) error {
+		n, skipped, err := r.replayPage(ctx, rdb, events)
+		res.Republished += n
+		res.Skipped += skipped
+		if n > 0 {
+			if res.First == nil {
+				res.First = &events[0].CreatedAt
+			}
+			res.Last = &events[len(events)-1].CreatedAt
+		}
+		return err
+	})
+	if err != nil {
+		return res, fmt.Errorf("replaying %s: %w", o.Stream, err)
+	}
+	markSince := o.Since
+	if !o.MarkSince.IsZero() {
+		markSince = o.MarkSince
+	}
+	res.ResetsReplayed, err = table.MarkStreamResetsReplayed(ctx, db, o.Stream, markSince, o.Until)
+	return res, err
+}
+
+// replayPage adds one page's publishable events in one pipeline and
+// returns how many went out and how many were skipped.
+func (r *Relay) replayPage(ctx context.Context, rdb redis.UniversalClient, events []outbox.Event) (int64, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	bulk := r.bulkLimit.get(ctx, rdb)
+	pipe := rdb.Pipeline()
+	var skipped int64
+	for _, e := range events {
+		if r.unpublishable(e, bulk) != "" {
+			skipped++
+			continue
+		}
+		pipe.XAdd(ctx, entryArgs(r.cfg.Stream, e.ID, e.Type, e.Payload, "", 0))
+	}
+	if pipe.Len() == 0 {
+		return 0, skipped, nil
+	}
+	wait := r.queueWait(ctx, pipe)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, skipped, &publishError{err}
+	}
+	if err := r.checkWait(wait); err != nil {
+		return 0, skipped, err
+	}
+	return int64(len(events)) - skipped, skipped, nil
+}

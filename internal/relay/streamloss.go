@@ -1,0 +1,378 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+)
+
+// Defaults of the stream watch (Config).
+const (
+	// DefaultStreamCheckInterval is how often the stream is looked at
+	// between batches (every batch looks at it too).
+	DefaultStreamCheckInterval = 10 * time.Second
+	// DefaultAutoReplayMaxWindow bounds an automatic replay: the default
+	// retention of cleanup, past which the rows are gone anyway.
+	DefaultAutoReplayMaxWindow = 72 * time.Hour
+	// clockSkew is the margin between Redis's clock (entry ids) and
+	// PostgreSQL's (dispatched_at) that a reset's window allows for.
+	clockSkew = time.Minute
+)
+
+// streamMetrics are the collectors of the stream watch and the trimming.
+type streamMetrics struct {
+	Resets            prometheus.Counter
+	LastReset         prometheus.Gauge
+	LastResetFrom     prometheus.Gauge
+	Trimmed           prometheus.Counter
+	ReplayedEvents    prometheus.Counter
+	resetRecordErrors prometheus.Counter
+}
+
+func newStreamMetrics() *streamMetrics {
+	return &streamMetrics{
+		Resets: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_stream_resets_total",
+			Help: "Times the stream was found to have gone back in time (missing, an older last id, fewer entries ever added): entries it held may be lost.",
+		}),
+		LastReset: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_stream_reset_timestamp_seconds",
+			Help: "When the last stream reset was detected (Unix time); 0 if never. The end of the window to replay.",
+		}),
+		LastResetFrom: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_stream_reset_window_start_timestamp_seconds",
+			Help: "The earliest dispatch time whose event the last stream reset may have lost (Unix time); 0 if never. The start of the window to replay.",
+		}),
+		Trimmed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_stream_trimmed_entries_total",
+			Help: "Entries removed from the stream by the relay's trimming (XTRIM MINID), never past what a consumer group has not acknowledged.",
+		}),
+		ReplayedEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_events_replayed_total",
+			Help: "Events republished by the relay's automatic replay of a stream reset's window (--auto-replay).",
+		}),
+		resetRecordErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_stream_reset_record_errors_total",
+			Help: "Failed attempts to record a stream reset in the stream-resets table; retried.",
+		}),
+	}
+}
+
+func (m *streamMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.Resets, m.LastReset, m.LastResetFrom, m.Trimmed, m.ReplayedEvents, m.resetRecordErrors}
+}
+
+// streamGuard is what the relay knows of its stream, to notice when it goes
+// back in time: the highest id it saw the stream reach (its own entries'
+// ids, or XINFO STREAM's last-generated-id), the stream's count of entries
+// ever added (Redis 7), the oldest entry it held and how far every
+// consumer group had read and acknowledged. Every batch checks the stream
+// in the pipeline of its XADDs (XINFO STREAM first), and the watch loop
+// between batches.
+type streamGuard struct {
+	mu           sync.Mutex
+	known        bool   // the relay has seen the stream exist
+	lastID       string // highest id seen
+	entriesAdded int64  // a lower bound of entries-added
+	firstMs      int64  // ms of the oldest entry at the last good check
+	consumedMs   int64  // ms below which every group had read and acked
+	pending      []outbox.StreamReset
+	resetsSeen   int
+}
+
+// queueCheck adds XINFO STREAM to a pipeline, before its XADDs.
+func (g *streamGuard) queueCheck(ctx context.Context, pipe redis.Pipeliner, stream string) *redis.XInfoStreamCmd {
+	return pipe.XInfoStream(ctx, stream)
+}
+
+// isNoSuchKey reports the XINFO error of a missing stream.
+func isNoSuchKey(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "no such key")
+}
+
+// observe compares what XINFO STREAM answered (before this batch's XADDs)
+// with what the relay knew, reports a reset if the stream went back in
+// time, and then takes in the new state and the id of the batch's last
+// entry (added: "" if none, n entries).
+func (r *Relay) observe(info *redis.XInfoStreamCmd, added string, n int) {
+	g := &r.stream
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	r.observeLocked(info, added, n)
+}
+
+func (r *Relay) observeLocked(info *redis.XInfoStreamCmd, added string, n int) {
+	g := &r.stream
+	missing := isNoSuchKey(info.Err())
+	if info.Err() != nil && !missing {
+		// Redis did not answer: nothing learned. The XADDs' ids still count.
+		if added != "" && g.known && compareIDs(added, g.lastID) > 0 {
+			g.lastID = added
+		}
+		return
+	}
+	var x redis.XInfoStream
+	if !missing {
+		x = *info.Val()
+	}
+	if g.known {
+		var why string
+		switch {
+		case missing:
+			why = "the stream no longer exists"
+		case compareIDs(x.LastGeneratedID, g.lastID) < 0:
+			why = fmt.Sprintf("its last id %s is older than %s, the last id the relay saw", x.LastGeneratedID, g.lastID)
+		case x.EntriesAdded > 0 && x.EntriesAdded < g.entriesAdded:
+			why = fmt.Sprintf("its count of entries ever added fell from %d to %d", g.entriesAdded, x.EntriesAdded)
+		}
+		if why != "" {
+			r.reportReset(why)
+			g.consumedMs = 0 // the groups' positions were in the stream that is gone
+		}
+	}
+	if missing {
+		g.known, g.lastID, g.entriesAdded, g.firstMs, g.consumedMs = false, "", 0, 0, 0
+	} else {
+		g.known, g.lastID, g.entriesAdded = true, x.LastGeneratedID, x.EntriesAdded
+		if x.FirstEntry.ID != "" {
+			g.firstMs = idMs(x.FirstEntry.ID)
+		} else {
+			g.firstMs = idMs(x.LastGeneratedID) // empty: everything before was trimmed or read
+		}
+	}
+	if added != "" {
+		if !g.known || compareIDs(added, g.lastID) > 0 {
+			g.lastID = added
+		}
+		if !g.known && g.firstMs == 0 {
+			g.firstMs = idMs(added)
+		}
+		g.known = true
+		g.entriesAdded += int64(n)
+	}
+}
+
+// reportReset logs a reset once, counts it and queues its record. The
+// window runs from the oldest entry that may not have been consumed (the
+// oldest entry the stream held, or every group's acknowledged position if
+// later), less the time a batch may take between its claim and its XADD
+// and a clock skew, to now.
+func (r *Relay) reportReset(why string) {
+	g := &r.stream
+	now := time.Now()
+	fromMs := max(g.firstMs, g.consumedMs)
+	margin := passSlack + time.Duration(r.cfg.InFlight)*r.cfg.PublishTimeout + clockSkew
+	from := time.Unix(0, 0) // no knowledge: as far back as the table goes
+	if fromMs > 0 {
+		from = time.UnixMilli(fromMs).Add(-margin)
+	}
+	reset := outbox.StreamReset{Stream: r.cfg.Stream, WindowStart: from.UTC(), WindowEnd: now.UTC(), Reason: why}
+	g.pending = append(g.pending, reset)
+	g.resetsSeen++
+	m := r.cfg.Metrics.stream
+	m.Resets.Inc()
+	m.LastReset.Set(float64(now.Unix()))
+	m.LastResetFrom.Set(float64(from.Unix()))
+	r.log.Error("Stream reset: entries the relay added may be lost; replay the window",
+		"reason", why, "windowStart", reset.WindowStart.Format(time.RFC3339), "windowEnd", reset.WindowEnd.Format(time.RFC3339),
+		"replay", fmt.Sprintf("relay replay --table %s --stream %s --since %s --until %s", r.cfg.Table, r.cfg.Stream,
+			reset.WindowStart.Format(time.RFC3339), reset.WindowEnd.Add(time.Second).Format(time.RFC3339)))
+}
+
+// checkStream looks at the stream between batches: XINFO STREAM alone,
+// under the guard's lock so that no batch's observation interleaves.
+func (r *Relay) checkStream(ctx context.Context) {
+	g := &r.stream
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	r.observeLocked(r.rdb.XInfoStream(ctx, r.cfg.Stream), "", 0)
+}
+
+// setConsumed records the position below which every consumer group has
+// read and acknowledged (a stream id), from the watch loop.
+func (g *streamGuard) setConsumed(bound string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.consumedMs = max(g.consumedMs, idMs(bound))
+}
+
+// takePending returns the resets not yet recorded and forgets them.
+func (g *streamGuard) takePending() []outbox.StreamReset {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p := g.pending
+	g.pending = nil
+	return p
+}
+
+// requeue puts back resets that could not be recorded.
+func (g *streamGuard) requeue(p []outbox.StreamReset) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.pending = append(p, g.pending...)
+}
+
+// watchStream runs beside the batches until ctx ends: every
+// StreamCheckInterval it looks at the stream for a reset, reads the
+// consumer groups' positions, trims the stream by the policy (trim.go),
+// records the resets found in the stream-resets table and, with
+// AutoReplay, replays their windows.
+func (r *Relay) watchStream(ctx context.Context) {
+	resetsTable := false
+	tick := time.NewTicker(min(r.cfg.StreamCheckInterval, r.cfg.Trim.Interval))
+	defer tick.Stop()
+	var lastCheck, lastTrim time.Time
+	for {
+		now := time.Now()
+		if now.Sub(lastCheck) >= r.cfg.StreamCheckInterval {
+			lastCheck = now
+			r.checkStream(ctx)
+			if bound, _, err := groupsBound(ctx, r.rdb, r.cfg.Stream, r.cfg.PublishTimeout); err == nil && bound != "" {
+				r.stream.setConsumed(bound)
+			}
+		}
+		if r.cfg.Trim.enabled() && now.Sub(lastTrim) >= r.cfg.Trim.Interval {
+			lastTrim = now
+			r.trimOnce(ctx)
+		}
+		if !resetsTable {
+			resetsTable = r.ensureStreamResetsTable(ctx)
+		}
+		r.recordResets(ctx)
+		select {
+		case <-ctx.Done():
+			r.recordResets(context.WithoutCancel(ctx))
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// ensureStreamResetsTable creates the stream-resets table if it is
+// missing; a role that may not says so once and the relay runs on (resets
+// are still logged and counted).
+func (r *Relay) ensureStreamResetsTable(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := r.cfg.Table.EnsureStreamResetsTable(ctx, r.db); err != nil {
+		r.log.Warn("Could not create the stream-resets table; a stream reset will be logged and counted but not shown by the operator (relay schema --apply)",
+			"streamResetsTable", r.cfg.Table.StreamResetsTable(), "error", err.Error())
+		return false
+	}
+	return true
+}
+
+// recordResets writes the pending resets to the stream-resets table and,
+// with AutoReplay, replays each window; what fails is kept for the next
+// round.
+func (r *Relay) recordResets(ctx context.Context) {
+	pending := r.stream.takePending()
+	for i, reset := range pending {
+		err := func() error {
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			return r.cfg.Table.RecordStreamReset(ctx, r.db, reset)
+		}()
+		if err != nil {
+			r.cfg.Metrics.stream.resetRecordErrors.Inc()
+			r.log.Warn("Could not record a stream reset, retrying", "error", err.Error())
+			r.stream.requeue(pending[i:])
+			return
+		}
+		if r.cfg.AutoReplay {
+			r.autoReplay(ctx, reset)
+		}
+	}
+}
+
+// autoReplay republishes the rows dispatched in a reset's window, at most
+// AutoReplayMaxWindow back, and marks the reset replayed.
+func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
+	since := reset.WindowStart
+	if floor := time.Now().Add(-r.cfg.AutoReplayMaxWindow); since.Before(floor) {
+		since = floor
+	}
+	until := reset.WindowEnd.Add(time.Second)
+	res, err := Replay(ctx, r.cfg.Table, r.db, r.rdb, ReplayOptions{
+		Stream: r.cfg.Stream, Since: since, Until: until, BatchSize: r.cfg.BatchSize,
+		PublishTimeout: r.cfg.PublishTimeout, MaxPayloadBytes: r.cfg.MaxPayloadBytes,
+		WaitReplicas: r.cfg.WaitReplicas, WaitTimeout: r.cfg.WaitTimeout,
+		// The window recorded, not the clamped one, is what is marked.
+		MarkSince: reset.WindowStart,
+	})
+	r.cfg.Metrics.stream.ReplayedEvents.Add(float64(res.Republished))
+	if err != nil {
+		r.log.Error("Automatic replay of a stream reset failed; replay the window by hand", "error", err.Error(),
+			"since", since.Format(time.RFC3339), "until", until.Format(time.RFC3339), "republished", res.Republished)
+		return
+	}
+	r.log.Info("Replayed the window of a stream reset", "since", since.Format(time.RFC3339),
+		"until", until.Format(time.RFC3339), "republished", res.Republished, "skipped", res.Skipped)
+}
+
+// idMs is the millisecond part of a stream id, 0 if it has none.
+func idMs(id string) int64 {
+	ms, _, _ := strings.Cut(id, "-")
+	v, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return v
+}
+
+// parseID splits a stream id "ms-seq"; a bare "ms" has seq 0.
+func parseID(id string) (ms, seq uint64) {
+	a, b, _ := strings.Cut(id, "-")
+	ms, _ = strconv.ParseUint(a, 10, 64)
+	seq, _ = strconv.ParseUint(b, 10, 64)
+	return ms, seq
+}
+
+// compareIDs orders two stream ids; "" is the lowest.
+func compareIDs(a, b string) int {
+	switch {
+	case a == b:
+		return 0
+	case a == "":
+		return -1
+	case b == "":
+		return 1
+	}
+	am, as := parseID(a)
+	bm, bs := parseID(b)
+	switch {
+	case am < bm || (am == bm && as < bs):
+		return -1
+	case am == bm && as == bs:
+		return 0
+	}
+	return 1
+}
+
+// observeBatch observes a batch's check and XADDs.
+func (r *Relay) observeBatch(info *redis.XInfoStreamCmd, cmds []*redis.StringCmd) {
+	added, n := lastAdded(cmds)
+	r.observe(info, added, n)
+}
+
+// lastAdded returns the id of a pipeline's last acknowledged XADD ("" if
+// none) and how many were acknowledged.
+func lastAdded(cmds []*redis.StringCmd) (string, int) {
+	last, n := "", 0
+	for _, c := range cmds {
+		if c != nil && c.Err() == nil {
+			last, n = c.Val(), n+1
+		}
+	}
+	return last, n
+}

@@ -1,0 +1,173 @@
+package relay
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
+)
+
+func TestCompareIDs(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		a, b string
+		want int
+	}{
+		{"1-0", "1-0", 0}, {"1-1", "1-0", 1}, {"2-0", "10-0", -1}, {"", "0-0", -1}, {"5", "5-0", 0},
+		{"1700000000000-5", "1700000000000-12", -1},
+	} {
+		require.Equal(t, c.want, compareIDs(c.a, c.b), "%s vs %s", c.a, c.b)
+		require.Equal(t, -c.want, compareIDs(c.b, c.a), "%s vs %s", c.b, c.a)
+	}
+	require.Equal(t, int64(1700000000000), idMs("1700000000000-5"))
+}
+
+// TestStreamResetDetected: after the stream is flushed, deleted and
+// recreated with an older last id, or recreated by someone else's XADDs,
+// the next batch notices, counts it once, and the reset is recorded with a
+// window that covers the rows whose entries were lost; a replay of that
+// window puts every event back and marks the reset replayed.
+func TestStreamResetDetected(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name  string
+		reset func(t *testing.T, b *testBundle)
+	}{
+		{"flushall", func(t *testing.T, b *testBundle) {
+			require.NoError(t, b.rdb.FlushAll(context.Background()).Err())
+		}},
+		{"older last id", func(t *testing.T, b *testBundle) {
+			ctx := context.Background()
+			require.NoError(t, b.rdb.Del(ctx, b.stream).Err())
+			require.NoError(t, b.rdb.Do(ctx, "XADD", b.stream, "1-1", "f", "v").Err())
+		}},
+		{"recreated by another writer", func(t *testing.T, b *testBundle) {
+			ctx := context.Background()
+			require.NoError(t, b.rdb.Del(ctx, b.stream).Err())
+			require.NoError(t, b.rdb.Do(ctx, "XADD", b.stream, "*", "f", "v").Err())
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			rs := testenv.StartRedis(t)
+			b := setup(t, bundleOpts{redisURL: rs.URL()})
+			r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
+			ctx := context.Background()
+			require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+			ids := b.insert(t, 25)
+			b.drain(t, r)
+			require.Zero(t, testutilCounter(r.cfg.Metrics.stream.Resets))
+
+			c.reset(t, b)
+			more := b.insert(t, 5)
+			b.drain(t, r)
+			require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets), "one reset counted")
+			require.NotZero(t, testutilCounter(r.cfg.Metrics.stream.LastResetFrom))
+
+			// Recorded for the operator, with a window covering the lost rows.
+			r.recordResets(ctx)
+			p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
+			require.NoError(t, err)
+			require.Equal(t, int64(1), p.Count)
+			var minDispatched, maxDispatched time.Time
+			require.NoError(t, b.db.QueryRow(ctx, `SELECT min(dispatched_at), max(dispatched_at) FROM outbox_events`).Scan(&minDispatched, &maxDispatched))
+			require.False(t, p.WindowStart.After(minDispatched), "window %s starts after the first dispatch %s", p.WindowStart, minDispatched)
+
+			// More batches on the new stream: no new reset.
+			b.insert(t, 3)
+			b.drain(t, r)
+			r.checkStream(ctx)
+			require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+
+			res, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{
+				Stream: b.stream, Since: *p.WindowStart, Until: p.WindowEnd.Add(time.Second), BatchSize: 7,
+			})
+			require.NoError(t, err)
+			require.Equal(t, int64(1), res.ResetsReplayed)
+			require.GreaterOrEqual(t, res.Republished, int64(len(ids)))
+			requireAtLeastOnce(t, b.readStream(t, b.stream), append(ids, more...))
+			p, err = b.table.PendingStreamResets(ctx, b.db, b.stream)
+			require.NoError(t, err)
+			require.Zero(t, p.Count)
+		})
+	}
+}
+
+// TestStreamResetRedisRestartedEmpty: a Redis without persistence that
+// restarts loses the stream; the relay notices at its first batch after.
+func TestStreamResetRedisRestartedEmpty(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
+	b.insert(t, 12)
+	b.drain(t, r)
+	rs.Stop(t)
+	rs.Start(t)
+	b.insert(t, 2)
+	waitFor(t, "a batch after the restart", func() bool {
+		res, err := r.runOnce(context.Background())
+		return err == nil && res.claimed == 0
+	})
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+}
+
+// TestStreamNoFalseReset: trimming, deleting entries, a restart with
+// persistence and a stream that never existed before are no reset.
+func TestStreamNoFalseReset(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t, testenv.WithAppendOnly())
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
+	ctx := context.Background()
+	r.checkStream(ctx) // missing before the first entry: not a reset
+	b.insert(t, 30)
+	b.drain(t, r)
+	require.NoError(t, b.rdb.XTrimMaxLen(ctx, b.stream, 5).Err())
+	msgs, err := b.rdb.XRangeN(ctx, b.stream, "-", "+", 1).Result()
+	require.NoError(t, err)
+	require.NoError(t, b.rdb.XDel(ctx, b.stream, msgs[0].ID).Err())
+	rs.Stop(t)
+	rs.Start(t)
+	b.insert(t, 5)
+	waitFor(t, "a batch after the restart", func() bool {
+		res, err := r.runOnce(ctx)
+		return err == nil && res.claimed == 0
+	})
+	r.checkStream(ctx)
+	require.Zero(t, testutilCounter(r.cfg.Metrics.stream.Resets))
+}
+
+// TestAutoReplay: with AutoReplay the relay republishes the window of a
+// reset it found, by itself, and marks it replayed.
+func TestAutoReplay(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	r := b.newRelay(t, Config{BatchSize: 10, AutoReplay: true, StreamCheckInterval: 50 * time.Millisecond})
+	stop := runInBackground(t, r)
+	ids := b.insert(t, 40)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 40 })
+	require.NoError(t, b.rdb.FlushAll(context.Background()).Err())
+	waitFor(t, "the lost events replayed", func() bool {
+		seen := map[string]bool{}
+		for _, e := range b.readStream(t, b.stream) {
+			seen[e[FieldEventID]] = true
+		}
+		for _, id := range ids {
+			if !seen[id] {
+				return false
+			}
+		}
+		return true
+	})
+	require.NoError(t, stop())
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+	require.GreaterOrEqual(t, testutilCounter(r.cfg.Metrics.stream.ReplayedEvents), 40.0)
+	p, err := b.table.PendingStreamResets(context.Background(), b.db, b.stream)
+	require.NoError(t, err)
+	require.Zero(t, p.Count, "the reset is marked replayed")
+}

@@ -1,0 +1,126 @@
+package relay
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// addEntries adds n entries to stream and returns their ids.
+func addEntries(t *testing.T, rdb *redis.Client, stream string, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	for i := range n {
+		id, err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, Values: []any{"n", strconv.Itoa(i)}}).Result()
+		require.NoError(t, err)
+		ids[i] = id
+	}
+	return ids
+}
+
+func firstID(t *testing.T, rdb *redis.Client, stream string) string {
+	t.Helper()
+	m, err := rdb.XRangeN(context.Background(), stream, "-", "+", 1).Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, m)
+	return m[0].ID
+}
+
+// TestTrimKeepsWhatGroupsNeed: a slow group keeps its unacknowledged and
+// undelivered entries, whatever the policy; once it catches up, the stream
+// is trimmed to the policy. A stream without groups trims by the policy.
+func TestTrimKeepsWhatGroupsNeed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	policy := TrimPolicy{MaxLen: 10}
+	ids := addEntries(t, b.rdb, b.stream, 100)
+	for _, g := range []string{"fast", "slow"} {
+		require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, g, "0").Err())
+	}
+	// fast reads and acks everything; slow reads 30 and acks the first 20.
+	read := func(group string, count int64) []redis.XMessage {
+		s, err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c", Streams: []string{b.stream, ">"}, Count: count}).Result()
+		require.NoError(t, err)
+		return s[0].Messages
+	}
+	for _, m := range read("fast", 1000) {
+		require.NoError(t, b.rdb.XAck(ctx, b.stream, "fast", m.ID).Err())
+	}
+	for _, m := range read("slow", 30)[:20] {
+		require.NoError(t, b.rdb.XAck(ctx, b.stream, "slow", m.ID).Err())
+	}
+
+	n, bound, err := Trim(ctx, b.rdb, b.stream, policy, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, ids[20], bound, "the slow group's oldest pending entry")
+	require.Equal(t, int64(20), n)
+	require.Equal(t, ids[20], firstID(t, b.rdb, b.stream))
+
+	// slow acks its pending entries: the bound is its last delivered one.
+	pend, err := b.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: b.stream, Group: "slow", Start: "-", End: "+", Count: 100}).Result()
+	require.NoError(t, err)
+	for _, p := range pend {
+		require.NoError(t, b.rdb.XAck(ctx, b.stream, "slow", p.ID).Err())
+	}
+	_, bound, err = Trim(ctx, b.rdb, b.stream, policy, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, ids[29], bound, "undelivered entries are kept")
+
+	// slow catches up: the policy decides.
+	for _, m := range read("slow", 1000) {
+		require.NoError(t, b.rdb.XAck(ctx, b.stream, "slow", m.ID).Err())
+	}
+	_, _, err = Trim(ctx, b.rdb, b.stream, policy, time.Second)
+	require.NoError(t, err)
+	l, err := b.rdb.XLen(ctx, b.stream).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(10), l)
+	require.Equal(t, ids[90], firstID(t, b.rdb, b.stream))
+
+	// A group created at the start holds everything back.
+	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "new", "0").Err())
+	addEntries(t, b.rdb, b.stream, 5)
+	n, _, err = Trim(ctx, b.rdb, b.stream, policy, time.Second)
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+func TestTrimWithoutGroups(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	ids := addEntries(t, b.rdb, b.stream, 50)
+	n, _, err := Trim(ctx, b.rdb, b.stream, TrimPolicy{MaxLen: 20}, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, int64(30), n)
+	require.Equal(t, ids[30], firstID(t, b.rdb, b.stream))
+
+	// By age: entries older than the bound go, newer ones stay.
+	time.Sleep(30 * time.Millisecond)
+	fresh := addEntries(t, b.rdb, b.stream, 3)
+	n, _, err = Trim(ctx, b.rdb, b.stream, TrimPolicy{MaxAge: 20 * time.Millisecond}, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, int64(20), n)
+	require.Equal(t, fresh[0], firstID(t, b.rdb, b.stream))
+
+	// A missing stream or no policy: nothing to do.
+	n, _, err = Trim(ctx, b.rdb, b.stream+"-missing", TrimPolicy{MaxLen: 1, MaxAge: time.Second}, time.Second)
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+// TestRelayTrims: the relay's watch loop trims its stream and counts it.
+func TestRelayTrims(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	r := b.newRelay(t, Config{BatchSize: 50, Trim: TrimPolicy{MaxLen: 25, Interval: 20 * time.Millisecond}})
+	runInBackground(t, r)
+	b.insertBulk(t, 200)
+	waitFor(t, "drained and trimmed", func() bool { return b.backlog(t) == 0 && b.streamLen(t) == 25 })
+	waitFor(t, "trimmed entries counted", func() bool { return testutilCounter(r.cfg.Metrics.stream.Trimmed) == 175 })
+}
