@@ -160,7 +160,7 @@ its new reason; the command then exits with status 1.`,
 			if err != nil {
 				return err
 			}
-			rdb, err := newRedisClient(redisURL, publishTimeout, netdialDefaults())
+			rdb, err := newRedisClient(redisURL, c.redisCAFile, publishTimeout, netdialDefaults())
 			if err != nil {
 				return err
 			}

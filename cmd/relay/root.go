@@ -29,6 +29,8 @@ type common struct {
 	table   string
 	columns outbox.Columns
 	log     logging.Flags
+	// redisCAFile verifies the servers of a TLS Redis URL (see redisconn).
+	redisCAFile string
 }
 
 func (c *common) addFlags(fs *pflag.FlagSet) {
@@ -39,6 +41,8 @@ func (c *common) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.columns.CreatedAt, "created-at-column", outbox.DefaultCreatedAtColumn, "created-at column")
 	fs.StringVar(&c.columns.DispatchedAt, "dispatched-at-column", outbox.DefaultDispatchedAtColumn, "dispatched-at column")
 	c.log.AddFlags(fs)
+	fs.StringVar(&c.redisCAFile, "redis-ca-file", "",
+		"PEM file of the CA that signed the Redis servers' certificates (rediss:// URLs); default: the system's roots")
 }
 
 // outboxTable validates the layout flags.
@@ -74,7 +78,7 @@ func newRootCommand() *cobra.Command {
 	}
 	c.addFlags(root.PersistentFlags())
 	root.AddCommand(newRunCommand(&c), newCleanupCommand(&c), newBacklogCommand(&c), newSchemaCommand(&c),
-		newDeadLettersCommand(&c))
+		newDeadLettersCommand(&c), newDoctorCommand(&c))
 	return root
 }
 

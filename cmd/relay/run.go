@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,9 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-dev/outbox-operator/internal/doctor"
 	"github.com/outbox-dev/outbox-operator/internal/netdial"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/internal/relay"
@@ -37,6 +36,7 @@ type runOptions struct {
 	missingTableRetry        time.Duration
 	tcp                      netdial.TCP
 	metricsAddr, probeAddr   string
+	redisCheckInterval       time.Duration
 }
 
 // Defaults of the TCP flags: a silent PostgreSQL or Redis peer is noticed
@@ -93,6 +93,8 @@ func newRunCommand(c *common) *cobra.Command {
 	fs.DurationVar(&o.tcp.KeepaliveIdle, "keepalive-idle", defaultKeepaliveIdle, "idle time before the first TCP keepalive probe (both ends of PostgreSQL, and Redis)")
 	fs.DurationVar(&o.tcp.KeepaliveInterval, "keepalive-interval", defaultKeepaliveInterval, "time between TCP keepalive probes")
 	fs.IntVar(&o.tcp.KeepaliveCount, "keepalive-count", defaultKeepaliveCount, "unanswered keepalive probes that end a connection")
+	fs.DurationVar(&o.redisCheckInterval, "redis-check-interval", doctor.DefaultMonitorInterval,
+		"run the Redis durability checks of relay doctor at start and this often (log and gauge outbox_relay_redis_check); 0 disables")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of /metrics; 0 disables")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 disables")
 	return cmd
@@ -123,6 +125,9 @@ func (o *runOptions) validate() error {
 	}
 	if o.maxPayloadBytes < 1 {
 		errs = append(errs, fmt.Errorf("--max-payload-bytes %d: must be positive", o.maxPayloadBytes))
+	}
+	if o.redisCheckInterval < 0 {
+		errs = append(errs, fmt.Errorf("--redis-check-interval %s: must be 0 (off) or positive", o.redisCheckInterval))
 	}
 	if o.maxLen < 0 {
 		errs = append(errs, fmt.Errorf("--max-len %d: must be 0 (off) or positive", o.maxLen))
@@ -192,7 +197,7 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		return fmt.Errorf("creating PostgreSQL pool: %w", err)
 	}
 	defer db.Close()
-	rdb, err := newRedisClient(redisURL, o.publishTimeout, o.tcp)
+	rdb, err := newRedisClient(redisURL, c.redisCAFile, o.publishTimeout, o.tcp)
 	if err != nil {
 		return err
 	}
@@ -224,40 +229,14 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		return err
 	}
 
+	startRedisMonitor(ctx, o, rdb, reg, log)
+
 	servers, err := startServers(log, o, reg, r)
 	if err != nil {
 		return err
 	}
 	defer shutdown(servers)
 	return r.Run(ctx)
-}
-
-// newRedisClient parses a redis:// or rediss:// URL. The client does not
-// retry on its own: a retried pipeline would add entries twice, and the
-// relay's loop already retries whole batches with backoff. Reads and writes
-// are bounded by the publish timeout (and each call's deadline), the dial
-// by at most 5 s, and the socket by the same keepalives and user timeout as
-// the PostgreSQL link.
-func newRedisClient(url string, publishTimeout time.Duration, tcp netdial.TCP) (*redis.Client, error) {
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		// go-redis errors do not echo the URL, but say nothing more to be safe.
-		return nil, fmt.Errorf("parsing %s: not a valid redis:// or rediss:// URL", envRedisURL)
-	}
-	opts.MaxRetries = -1
-	opts.ContextTimeoutEnabled = true
-	opts.DialTimeout = min(publishTimeout, 5*time.Second)
-	opts.ReadTimeout = publishTimeout
-	opts.WriteTimeout = publishTimeout
-	opts.PoolSize = 4
-	dialer := tcp.Dialer(opts.DialTimeout)
-	if opts.TLSConfig != nil {
-		tlsDialer := &tls.Dialer{NetDialer: dialer, Config: opts.TLSConfig}
-		opts.Dialer = tlsDialer.DialContext
-	} else {
-		opts.Dialer = dialer.DialContext
-	}
-	return redis.NewClient(opts), nil
 }
 
 // startServers serves /metrics and the probes. A port that cannot be bound

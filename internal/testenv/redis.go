@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -55,6 +56,13 @@ type RedisOption func(*redisConfig)
 
 type redisConfig struct {
 	appendOnly bool
+	// extraArgs are more config directives (--name value ...), see WithRedisArgs.
+	extraArgs []string
+	// tls serves TLS only, with these files (see WithTLS).
+	tls *TLSFiles
+	// sentinelConf runs the server in sentinel mode with this config file,
+	// written into the server's dir (see StartSentinelSet).
+	sentinelConf string
 }
 
 // WithAppendOnly turns on the append-only file (fsync on every write), so that
@@ -185,19 +193,28 @@ func (s *redisServer) restart() error {
 // startLocked starts redis-server on s.port and waits until it answers PING.
 func (s *redisServer) startLocked() error {
 	offset := logSize(s.logPath)
-	args := []string{
-		"--port", strconv.Itoa(s.port),
+	var args []string
+	if s.cfg.sentinelConf != "" {
+		conf := filepath.Join(s.dir, "sentinel.conf")
+		if err := os.WriteFile(conf, []byte(s.cfg.sentinelConf), 0o600); err != nil {
+			return fmt.Errorf("writing sentinel config: %w", err)
+		}
+		args = append(args, conf, "--sentinel")
+	}
+	args = append(args, s.portArgs()...)
+	args = append(args,
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
 		"--save", "",
 		"--daemonize", "no",
 		"--logfile", "", // stdout, which goes to the log file
-	}
+	)
 	if s.cfg.appendOnly {
 		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
 	} else {
 		args = append(args, "--appendonly", "no")
 	}
+	args = append(args, s.cfg.extraArgs...)
 	p, err := startProcess(s.bin, args, s.dir, s.logPath, nil, syscall.SIGKILL)
 	if err != nil {
 		return err
@@ -220,7 +237,7 @@ func (s *redisServer) waitReady(p *process, offset int64) error {
 			return fmt.Errorf("redis on port %d exited while starting (%v); log %s:\n%s",
 				s.port, p.err, s.logPath, logTail(s.logPath, offset))
 		}
-		err := redisPing(addr)
+		err := redisPing(addr, s.cfg.tls != nil)
 		if err == nil {
 			return nil
 		}
@@ -234,8 +251,16 @@ func (s *redisServer) waitReady(p *process, offset int64) error {
 }
 
 // redisPing sends PING and expects +PONG (a loading server answers -LOADING).
-func redisPing(addr string) error {
-	conn, err := net.DialTimeout("tcp", addr, time.Second)
+func redisPing(addr string, useTLS bool) error {
+	var conn net.Conn
+	var err error
+	if useTLS {
+		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second},
+			Config: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // a readiness probe of the test's own server
+		conn, err = d.Dial("tcp", addr)
+	} else {
+		conn, err = net.DialTimeout("tcp", addr, time.Second)
+	}
 	if err != nil {
 		return err
 	}
@@ -248,7 +273,8 @@ func redisPing(addr string) error {
 	if err != nil {
 		return err
 	}
-	if reply = strings.TrimSpace(reply); reply != "+PONG" {
+	// A server that requires a password (requirepass, ACL) is up too.
+	if reply = strings.TrimSpace(reply); reply != "+PONG" && !strings.HasPrefix(reply, "-NOAUTH") {
 		return fmt.Errorf("PING answered %q", reply)
 	}
 	return nil
@@ -285,5 +311,9 @@ func (s *redisServer) close() error {
 }
 
 func (s *redisServer) url() string {
-	return "redis://127.0.0.1:" + strconv.Itoa(s.port) + "/0"
+	scheme := "redis"
+	if s.cfg.tls != nil {
+		scheme = "rediss"
+	}
+	return scheme + "://127.0.0.1:" + strconv.Itoa(s.port) + "/0"
 }
