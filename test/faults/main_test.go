@@ -3,11 +3,15 @@
 package faults
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -21,7 +25,8 @@ var relayBin string
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "outbox-faults-")
+	sweepStaleDirs()
+	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", dirPrefix, os.Getpid()))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "faults: %v\n", err)
 		return 1
@@ -51,4 +56,23 @@ func buildRelay(out string) error {
 		return fmt.Errorf("go build ./cmd/relay: %w\n%s", err, msg)
 	}
 	return nil
+}
+
+// dirPrefix names the build dirs: outbox-faults-<pid of the test binary>-<random>.
+const dirPrefix = "outbox-faults-"
+
+// sweepStaleDirs removes the build dirs of test binaries that were killed
+// before they could remove their own.
+func sweepStaleDirs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, dir := range dirs {
+		pidText, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(dir), dirPrefix), "-")
+		pid, err := strconv.Atoi(pidText)
+		if !ok || err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			_ = os.RemoveAll(dir)
+		}
+	}
 }
