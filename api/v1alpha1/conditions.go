@@ -52,6 +52,15 @@ const (
 	// Ready: parked rows no longer hold up the relays, which keep publishing
 	// the rows behind them.
 	ConditionDeadLettersClear ConditionType = "DeadLettersClear"
+
+	// ConditionStreamIntact is True when no relay has recorded that the
+	// stream lost entries it had added (a stream reset: Redis restarted
+	// without persistence, was flushed, failed over to a lagging replica or
+	// evicted the stream) that a replay has not covered yet, False with the
+	// window of dispatch times to replay (`relay replay --pending`). Read by
+	// the backlog check from <table>_stream_resets. Not part of Ready: the
+	// relays keep publishing.
+	ConditionStreamIntact ConditionType = "StreamIntact"
 )
 
 // Reason is the machine-readable reason of a condition: UpperCamelCase, and
@@ -74,6 +83,8 @@ const (
 	ReasonRelaysAvailable Reason = "RelaysAvailable"
 	// ReasonNoDeadLetters: the last backlog check found no parked row.
 	ReasonNoDeadLetters Reason = "NoDeadLetters"
+	// ReasonNoStreamReset: no stream reset waits for a replay.
+	ReasonNoStreamReset Reason = "NoStreamReset"
 )
 
 // Reasons that say what is wrong. Each one names exactly one cause, so that
@@ -127,6 +138,10 @@ const (
 	// the dead-letter table. They stay there until a person lists them
 	// (`relay dead-letters list`), then retries or discards them.
 	ReasonDeadLettersPresent Reason = "DeadLettersPresent"
+	// ReasonStreamReset: a relay found that the stream lost entries it had
+	// added; the message has the window of dispatch times whose events may
+	// be missing, and the replay command.
+	ReasonStreamReset Reason = "StreamReset"
 )
 
 // Reasons of Events that are no condition's reason.
@@ -141,7 +156,7 @@ func (r Reason) IsFailure() bool {
 	switch r {
 	case ReasonRelaysReady, ReasonSecretsResolved, ReasonBacklogMeasured, ReasonBacklogWithinLimit,
 		ReasonRelaysAvailable, ReasonBacklogCheckPending, ReasonBacklogUnknown, ReasonSuspended,
-		ReasonRelaysProgressing, ReasonScaled, ReasonNoDeadLetters:
+		ReasonRelaysProgressing, ReasonScaled, ReasonNoDeadLetters, ReasonNoStreamReset:
 		return false
 	}
 	return true

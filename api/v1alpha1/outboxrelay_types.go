@@ -126,6 +126,58 @@ type RedisSpec struct {
 	// +kubebuilder:validation:MaxLength=256
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z0-9_.:{}/-]+$')",message="must be a stream name of letters, digits and _ . : { } / -"
 	DeadLetterStream string `json:"deadLetterStream,omitempty"`
+
+	// waitReplicas, when set, makes every batch wait (Redis WAIT) for this
+	// many replicas to acknowledge its entries before the batch commits;
+	// fewer within waitTimeout roll the batch back to be retried, so a
+	// failover to one of them cannot lose a committed batch. It costs a
+	// replication round trip per batch (docs/benchmarks.md). 0: no wait.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=16
+	WaitReplicas int32 `json:"waitReplicas,omitempty"`
+
+	// waitTimeout bounds that wait. Empty means 1s; it must stay below the
+	// relay's publish timeout (5s).
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) < duration('5s')",message="must be between 0s and 5s, exclusive"
+	WaitTimeout *metav1.Duration `json:"waitTimeout,omitempty"`
+
+	// trim bounds the stream's length or age. The relays trim it in the
+	// background (XTRIM MINID), never removing an entry that a consumer
+	// group of the stream has not yet been delivered and acknowledged; a
+	// stream without groups is trimmed by the policy alone. Empty: the
+	// stream is never trimmed.
+	// +optional
+	Trim *TrimSpec `json:"trim,omitempty"`
+
+	// autoReplay makes the relays republish, by themselves, the rows
+	// dispatched in the window of a stream reset they detect (the stream
+	// lost entries), at most cleanup.retention back. Off: the reset is
+	// shown in the StreamIntact condition for a person to replay.
+	// +optional
+	AutoReplay bool `json:"autoReplay,omitempty"`
+}
+
+// TrimSpec is the stream's trimming policy: an entry is removed when it is
+// beyond maxLen or older than maxAge (whichever removes more), and only once
+// every consumer group is done with it.
+// +kubebuilder:validation:XValidation:rule="has(self.maxLen) || has(self.maxAge)",message="set maxLen, maxAge or both"
+type TrimSpec struct {
+	// maxLen keeps at most about this many entries.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	MaxLen *int64 `json:"maxLen,omitempty"`
+
+	// maxAge removes entries older than this.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="must be at least 1s"
+	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
+
+	// interval is the time between two trims. Empty means 1m.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="must be at least 1s"
+	Interval *metav1.Duration `json:"interval,omitempty"`
 }
 
 // RelaySpec shapes the relay pods.

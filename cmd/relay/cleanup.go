@@ -54,6 +54,12 @@ func newCleanupCommand(c *common) *cobra.Command {
 // withPool validates the layout, connects with bounded session settings and
 // runs fn.
 func withPool(ctx context.Context, c *common, fn func(context.Context, *outbox.Table, *pgxpool.Pool) error) error {
+	return withPoolTimeout(ctx, c, time.Minute, fn)
+}
+
+// withPoolTimeout is withPool with the given statement_timeout.
+func withPoolTimeout(ctx context.Context, c *common, statementTimeout time.Duration,
+	fn func(context.Context, *outbox.Table, *pgxpool.Pool) error) error {
 	t, err := c.outboxTable()
 	if err != nil {
 		return err
@@ -63,7 +69,7 @@ func withPool(ctx context.Context, c *common, fn func(context.Context, *outbox.T
 		return err
 	}
 	cfg, err := outbox.PoolConfig(dsn, outbox.SessionSettings{
-		StatementTimeout:         time.Minute,
+		StatementTimeout:         statementTimeout,
 		LockTimeout:              5 * time.Second,
 		IdleInTransactionTimeout: time.Minute,
 		ApplicationName:          "outbox-relay",

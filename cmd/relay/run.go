@@ -36,6 +36,7 @@ type runOptions struct {
 	missingTableRetry        time.Duration
 	tcp                      netdial.TCP
 	metricsAddr, probeAddr   string
+	streamOpts               streamOptions // streamflags.go
 	redisCheckInterval       time.Duration
 }
 
@@ -95,6 +96,7 @@ func newRunCommand(c *common) *cobra.Command {
 	fs.IntVar(&o.tcp.KeepaliveCount, "keepalive-count", defaultKeepaliveCount, "unanswered keepalive probes that end a connection")
 	fs.DurationVar(&o.redisCheckInterval, "redis-check-interval", doctor.DefaultMonitorInterval,
 		"run the Redis durability checks of relay doctor at start and this often (log and gauge outbox_relay_redis_check); 0 disables")
+	o.streamOpts.addFlags(fs)
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of /metrics; 0 disables")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 disables")
 	return cmd
@@ -136,6 +138,9 @@ func (o *runOptions) validate() error {
 		errs = append(errs, errors.New("--tcp-user-timeout, --keepalive-idle, --keepalive-interval and --keepalive-count must not be negative"))
 	}
 	if err := o.checkIdleLimit(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := o.streamOpts.validate(o.publishTimeout); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -209,7 +214,7 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 	if err := metrics.Register(reg); err != nil {
 		return err
 	}
-	r, err := relay.New(relay.Config{
+	cfg := relay.Config{
 		Table:               table,
 		Stream:              o.stream,
 		DeadLetterStream:    o.deadLetterStream,
@@ -224,7 +229,9 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		Database:            databaseName(dsn),
 		Logger:              log,
 		Metrics:             metrics,
-	}, db, rdb)
+	}
+	o.streamOpts.apply(&cfg)
+	r, err := relay.New(cfg, db, rdb)
 	if err != nil {
 		return err
 	}

@@ -20,14 +20,17 @@ type Target struct {
 	DSN string
 	// Table is the relay's outbox table.
 	Table *outbox.Table
+	// Stream, when set, is the relay's stream: the check also reads its
+	// recorded resets not yet replayed (outbox.Backlog.StreamResets).
+	Stream string
 }
 
 // fingerprint identifies a target: a result belongs to the target it was
 // measured for, and a new DSN or layout needs a new check.
 func (t Target) fingerprint() string {
 	c := t.Table.Columns()
-	sum := sha256.Sum256(fmt.Appendf(nil, "%q %q %q %q %q %q %q",
-		t.DSN, t.Table.String(), c.ID, c.EventType, c.Payload, c.CreatedAt, c.DispatchedAt))
+	sum := sha256.Sum256(fmt.Appendf(nil, "%q %q %q %q %q %q %q %q",
+		t.DSN, t.Table.String(), c.ID, c.EventType, c.Payload, c.CreatedAt, c.DispatchedAt, t.Stream))
 	return hex.EncodeToString(sum[:])
 }
 
@@ -127,6 +130,13 @@ func (m *PoolMeasurer) Measure(ctx context.Context, key types.NamespacedName, ta
 	b, err := target.Table.Backlog(ctx, pool)
 	if err != nil {
 		return outbox.Backlog{}, fmt.Errorf("measuring backlog of %s: %w", target.Table, err)
+	}
+	if target.Stream != "" {
+		resets, err := target.Table.PendingStreamResets(ctx, pool, target.Stream)
+		if err != nil {
+			return outbox.Backlog{}, err
+		}
+		b.StreamResets = &resets
 	}
 	return b, nil
 }

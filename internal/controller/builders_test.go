@@ -229,3 +229,15 @@ func TestCleanupCronJobDefaults(t *testing.T) {
 	require.Contains(t, cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0].Args, "--retention=72h0m0s")
 	require.Contains(t, cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0].Args, "--batch-size=1000")
 }
+
+func TestStreamArgs(t *testing.T) {
+	t.Parallel()
+	relay := &v1alpha1.OutboxRelay{}
+	require.Empty(t, streamArgs(relay), "nothing set: no flag, no rollout on upgrade")
+	relay.Spec.Redis.WaitReplicas = 1
+	relay.Spec.Redis.WaitTimeout = &metav1.Duration{Duration: 500 * time.Millisecond}
+	relay.Spec.Redis.Trim = &v1alpha1.TrimSpec{MaxLen: ptr.To[int64](1000), MaxAge: &metav1.Duration{Duration: time.Hour}}
+	relay.Spec.Redis.AutoReplay = true
+	require.Equal(t, []string{"--wait-replicas=1", "--wait-timeout=500ms", "--trim-max-len=1000", "--trim-max-age=1h0m0s",
+		"--auto-replay", "--auto-replay-max-window=72h0m0s"}, streamArgs(relay))
+}

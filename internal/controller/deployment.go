@@ -93,6 +93,7 @@ func relayArgs(relay *v1alpha1.OutboxRelay) []string {
 		// not roll when the operator is upgraded.
 		args = append(args, "--ordering="+string(spec.Ordering))
 	}
+	args = append(args, streamArgs(relay)...) // outboxrelay_stream.go
 	return append(args,
 		"--batch-size="+strconv.Itoa(int(spec.Relay.GetBatchSize())),
 		durationFlag("poll-interval", spec.Relay.GetPollInterval()),

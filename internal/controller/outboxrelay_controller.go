@@ -228,7 +228,7 @@ func (r *OutboxRelayReconciler) observeBacklog(st *relayState) {
 		return
 	}
 	obs := r.prober.Observe(client.ObjectKeyFromObject(st.relay),
-		backlog.Target{DSN: st.secrets.dsn, Table: st.table},
+		backlog.Target{DSN: st.secrets.dsn, Table: st.table, Stream: st.relay.Spec.Redis.GetStream()},
 		st.relay.Spec.Backlog.GetCheckInterval())
 	st.backlog = &obs
 }

@@ -43,7 +43,7 @@ func unknownCondition(reason v1alpha1.Reason, message string) condition {
 // conditions are the evaluated conditions of one reconcile. deadLetters is
 // not part of the Ready chain.
 type conditions struct {
-	secrets, database, backlog, relays, deadLetters, ready condition
+	secrets, database, backlog, relays, deadLetters, streamIntact, ready condition
 }
 
 // computeStatus is the status the reconcile observed. It is pure: every
@@ -88,6 +88,7 @@ func computeStatus(st *relayState) v1alpha1.OutboxRelayStatus {
 		{v1alpha1.ConditionBacklogHealthy, c.backlog},
 		{v1alpha1.ConditionRelaysAvailable, c.relays},
 		{v1alpha1.ConditionDeadLettersClear, c.deadLetters},
+		{v1alpha1.ConditionStreamIntact, c.streamIntact},
 		{v1alpha1.ConditionReady, c.ready},
 	} {
 		meta.SetStatusCondition(&s.Conditions, metav1.Condition{
@@ -117,6 +118,7 @@ func evaluateConditions(st *relayState, s *v1alpha1.OutboxRelayStatus) condition
 		backlog:     backlogCondition(st, s),
 		relays:      relaysCondition(st, s),
 		deadLetters: deadLettersCondition(st, s),
+		streamIntact: streamIntactCondition(st), // outboxrelay_stream.go
 	}
 	c.ready = readyCondition(st, c)
 	return c

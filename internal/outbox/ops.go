@@ -123,6 +123,9 @@ type Backlog struct {
 	// DeadLetters is the count of parked rows (in the dead-letter table),
 	// which Count leaves out; 0 when that table does not exist.
 	DeadLetters int64 `json:"deadLetters"`
+	// StreamResets are the recorded resets of a stream not yet replayed,
+	// when the measure was asked for a stream (replay.go); nil otherwise.
+	StreamResets *PendingResets `json:"streamResets,omitempty"`
 }
 
 // Age of the oldest pending row at now, zero when none is pending.

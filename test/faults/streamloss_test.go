@@ -1,0 +1,133 @@
+//go:build faults
+
+package faults
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
+)
+
+// Stream loss: Redis loses entries the relay added and acknowledged (a
+// restart without persistence, a FLUSHALL, eviction). The relay cannot
+// prevent it; it must notice, say so, and make the loss repairable: `relay
+// replay` of the window it reports puts every event back.
+
+// replayJSON is the output of `relay replay --output json`.
+type replayJSON struct {
+	Republished    int64 `json:"republished"`
+	ResetsReplayed int64 `json:"resetsReplayed"`
+}
+
+// streamLossCase runs producers and one relay, makes Redis lose the stream
+// mid-drain with fault, and checks that the relay reports the reset and
+// that `relay replay --pending` leaves nothing lost.
+func streamLossCase(t *testing.T, fault func(t *testing.T, rs *testenv.RedisServer)) {
+	t.Helper()
+	events := sized(3000, 30000)
+	rate := sized(1500.0, 3000.0)
+	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t) // no persistence
+	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
+	stream := testenv.Name(t)
+	mustRelay(t, env, "schema", "--apply")
+	conn := connect(t, pg.DSN())
+	relay := startRelay(t, "A", env, "--stream", stream, "--batch-size", "100", "--stream-check-interval", "200ms")
+	prod := startProducers(t, producerConfig{
+		dsn: pg.DSN(), conns: 2, events: events, rate: rate, insert: insertInto("outbox_events"),
+	})
+
+	// The fault hits once a third of the events are in the stream.
+	eventually(t, time.Minute, "a third published", func() error {
+		if p := relay.published(); p < float64(events/3) {
+			return fmt.Errorf("%v published", p)
+		}
+		return nil
+	})
+	fault(t, rs)
+	detected := eventually(t, time.Minute, "the reset reported", func() error {
+		if relay.metric("outbox_relay_stream_resets_total") < 1 {
+			return fmt.Errorf("no reset counted")
+		}
+		return nil
+	})
+	require.NotZero(t, relay.metric("outbox_relay_stream_reset_window_start_timestamp_seconds"), "the window exported")
+	prod.wait(t)
+	waitDrained(t, conn, "outbox_events", 5*time.Minute)
+	relay.stop(t, time.Minute)
+	rdb := redisClient(t, rs.URL())
+	before := checkStream(t, rdb, stream, prod.committed())
+	require.Positive(t, before.Lost, "the fault lost no entry: the case tests nothing")
+	require.Contains(t, relay.out.String(), "level=ERROR msg=\"Stream reset", "logged at error level")
+
+	// The runbook: replay the recorded window.
+	var rep replayJSON
+	out := mustRelay(t, env, "replay", "--stream", stream, "--pending", "--output", "json")
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	require.Equal(t, int64(1), rep.ResetsReplayed, "the recorded reset is marked replayed")
+	r := checkStream(t, rdb, stream, prod.committed())
+	figures(t, r, 1, fmt.Sprintf("lost_before_replay=%d replayed=%d detected_after=%s", before.Lost, rep.Republished,
+		ms(detected)))
+	require.Zero(t, r.Lost, "lost events after the replay, e.g. %v", r.LostIDs)
+	require.Zero(t, r.Unexpected)
+}
+
+// TestRedisKilledWithoutPersistence: Redis without AOF or RDB is killed
+// with SIGKILL and restarted empty while the relay drains.
+func TestRedisKilledWithoutPersistence(t *testing.T) {
+	t.Parallel()
+	streamLossCase(t, func(t *testing.T, rs *testenv.RedisServer) {
+		rs.Kill(t)
+		rs.Start(t)
+	})
+}
+
+// TestFlushAllMidDrain: FLUSHALL while the relay drains.
+func TestFlushAllMidDrain(t *testing.T) {
+	t.Parallel()
+	streamLossCase(t, func(t *testing.T, rs *testenv.RedisServer) {
+		require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
+	})
+}
+
+// TestEvictingRedis: a Redis with maxmemory and allkeys-lru can drop the
+// stream whenever it fills up. The relay says so at start, before it has
+// published anything (the durability check, gauge outbox_relay_redis_check),
+// and when the stream is evicted it reports the reset like any other.
+func TestEvictingRedis(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgres(t)
+	rs := testenv.StartRedis(t, testenv.WithRedisArgs("--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"))
+	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
+	stream := testenv.Name(t)
+	mustRelay(t, env, "schema", "--apply")
+	relay := startRelay(t, "A", env, "--stream", stream, "--stream-check-interval", "200ms")
+	const evictionFails = `outbox_relay_redis_check{check="eviction"}`
+	reported := eventually(t, time.Minute, "the eviction risk reported", func() error {
+		if v := relay.metric(evictionFails); v != 2 {
+			return fmt.Errorf("%s = %v", evictionFails, v)
+		}
+		return nil
+	})
+	require.Zero(t, relay.published(), "reported before any event was published")
+
+	// Fill Redis past maxmemory with the stream itself: it gets evicted.
+	conn := connect(t, pg.DSN())
+	events := sized(3000, 10000)
+	mustExec(t, conn, `INSERT INTO outbox_events (event_type, payload)
+SELECT 'fault.test', repeat('x', 2048) FROM generate_series(1, $1)`, events)
+	waitDrained(t, conn, "outbox_events", 2*time.Minute)
+	eventually(t, time.Minute, "the eviction reported as a reset", func() error {
+		if relay.metric("outbox_relay_stream_resets_total") < 1 {
+			return fmt.Errorf("no reset counted")
+		}
+		return nil
+	})
+	t.Logf("FIGURES %s: events=%d reported_before_publish=true reported_after=%s resets=%s", t.Name(), events, ms(reported),
+		strconv.FormatFloat(relay.metric("outbox_relay_stream_resets_total"), 'f', 0, 64))
+}
