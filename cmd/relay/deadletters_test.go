@@ -125,3 +125,11 @@ func TestRunRefusesPublishTimeoutsBeyondTheIdleLimit(t *testing.T) {
 	require.Contains(t, res.stderr, "--publish-timeout 30s x --in-flight 2 = 1m0s")
 	require.Contains(t, res.stderr, "must stay below --idle-in-transaction-timeout 1m0s")
 }
+
+func TestRunRefusesAnUnknownOrdering(t *testing.T) {
+	t.Parallel()
+	res := execRelay(t, relayEnv("DATABASE_URL=postgres://x@127.0.0.1:1/x", "REDIS_URL=redis://127.0.0.1:1"),
+		"run", "--ordering", "sideways")
+	require.NotZero(t, res.code)
+	require.Contains(t, res.stderr, `--ordering: ordering "sideways": must be None or Strict`)
+}

@@ -40,6 +40,7 @@ func (c *common) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.columns.Payload, "payload-column", outbox.DefaultPayloadColumn, "payload column")
 	fs.StringVar(&c.columns.CreatedAt, "created-at-column", outbox.DefaultCreatedAtColumn, "created-at column")
 	fs.StringVar(&c.columns.DispatchedAt, "dispatched-at-column", outbox.DefaultDispatchedAtColumn, "dispatched-at column")
+	fs.StringVar(&c.columns.Key, "key-column", "", "key column: events are ordered per value with --ordering PerKey (none by default)")
 	c.log.AddFlags(fs)
 	fs.StringVar(&c.redisCAFile, "redis-ca-file", "",
 		"PEM file of the CA that signed the Redis servers' certificates (rediss:// URLs); default: the system's roots")

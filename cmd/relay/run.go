@@ -22,6 +22,9 @@ import (
 )
 
 type runOptions struct {
+	ordering      string
+	leaderTimeout time.Duration
+	partitions    int
 	stream, deadLetterStream string
 	batchSize                int
 	inFlight                 int
@@ -96,6 +99,13 @@ func newRunCommand(c *common) *cobra.Command {
 	fs.IntVar(&o.tcp.KeepaliveCount, "keepalive-count", defaultKeepaliveCount, "unanswered keepalive probes that end a connection")
 	fs.DurationVar(&o.redisCheckInterval, "redis-check-interval", doctor.DefaultMonitorInterval,
 		"run the Redis durability checks of relay doctor at start and this often (log and gauge outbox_relay_redis_check); 0 disables")
+	fs.StringVar(&o.ordering, "ordering", string(relay.OrderingNone),
+		"None: any number of relays, no order across batches; Strict: one active relay (fenced leader, the others stand by), "+
+			"the stream in (created_at, id) claim order; PerKey: the same per value of --key-column, with many relays")
+	fs.IntVar(&o.partitions, "partitions", relay.DefaultPartitions,
+		fmt.Sprintf("PerKey: key partitions, the most relays that share the work (1..%d); the same for every relay of a table", relay.MaxPartitions))
+	fs.DurationVar(&o.leaderTimeout, "leader-timeout", relay.DefaultLeaderTimeout,
+		"ordering Strict: a leader that stops answering loses the leadership after this (its session's idle_session_timeout)")
 	o.streamOpts.addFlags(fs)
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of /metrics; 0 disables")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 disables")
@@ -104,7 +114,7 @@ func newRunCommand(c *common) *cobra.Command {
 
 // validate refuses values that the relay's Config would silently replace by
 // its defaults (a zero) or refuse less clearly.
-func (o *runOptions) validate() error {
+func (o *runOptions) validate(c *common) error {
 	var errs []error
 	if o.batchSize < 1 || o.batchSize > relay.MaxBatchSize {
 		errs = append(errs, fmt.Errorf("--batch-size %d: must be between 1 and %d", o.batchSize, relay.MaxBatchSize))
@@ -137,6 +147,18 @@ func (o *runOptions) validate() error {
 	if o.tcp.UserTimeout < 0 || o.tcp.KeepaliveIdle < 0 || o.tcp.KeepaliveInterval < 0 || o.tcp.KeepaliveCount < 0 {
 		errs = append(errs, errors.New("--tcp-user-timeout, --keepalive-idle, --keepalive-interval and --keepalive-count must not be negative"))
 	}
+	if _, err := relay.ParseOrdering(o.ordering); err != nil {
+		errs = append(errs, fmt.Errorf("--ordering: %w", err))
+	}
+	if ord, err := relay.ParseOrdering(o.ordering); err == nil && ord == relay.OrderingPerKey && c.columns.Key == "" {
+		errs = append(errs, errors.New("--ordering PerKey needs --key-column: the column whose events are ordered per value"))
+	}
+	if o.partitions < 1 || o.partitions > relay.MaxPartitions {
+		errs = append(errs, fmt.Errorf("--partitions %d: must be between 1 and %d", o.partitions, relay.MaxPartitions))
+	}
+	if o.leaderTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("--leader-timeout %s: must be at least 1s", o.leaderTimeout))
+	}
 	if err := o.checkIdleLimit(); err != nil {
 		errs = append(errs, err)
 	}
@@ -167,7 +189,7 @@ func (o *runOptions) checkIdleLimit() error {
 }
 
 func runRelay(ctx context.Context, c *common, o *runOptions) error {
-	if err := o.validate(); err != nil {
+	if err := o.validate(c); err != nil {
 		return err
 	}
 	log, err := c.logger()
@@ -193,7 +215,7 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		ApplicationName:          "outbox-relay",
 		TCP:                      o.tcp,
 		StablePlans:              true,
-	}, int32(o.inFlight)+2) // the batches in flight, the NOTIFY listener, one spare
+	}, int32(o.inFlight)+3) // the batches in flight, the NOTIFY listener, the leader session, one spare
 	if err != nil {
 		return err
 	}
@@ -214,7 +236,14 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 	if err := metrics.Register(reg); err != nil {
 		return err
 	}
+	ordering, err := relay.ParseOrdering(o.ordering)
+	if err != nil {
+		return fmt.Errorf("--ordering: %w", err)
+	}
 	cfg := relay.Config{
+		Ordering:      ordering,
+		LeaderTimeout: o.leaderTimeout,
+		Partitions:    o.partitions,
 		Table:               table,
 		Stream:              o.stream,
 		DeadLetterStream:    o.deadLetterStream,

@@ -31,6 +31,11 @@ type Event struct {
 	// stalling on them.
 	Malformed string
 
+	// Key and Partition are the row's key and key partition, set by
+	// ClaimKeyed only.
+	Key       string
+	Partition int
+
 	// null marks the id, type and payload columns that were NULL, so that a
 	// parked copy keeps NULL rather than an empty string.
 	null [3]bool
@@ -83,6 +88,43 @@ func (t *Table) Claim(ctx context.Context, tx Querier, limit int) ([]Event, erro
 		return nil, t.classify(err)
 	}
 	if len(events) > limit { // the statement's own guarantee, checked: never more than asked
+		return nil, fmt.Errorf("claim returned %d rows for a batch of %d", len(events), limit)
+	}
+	return events, nil
+}
+
+// ErrNoKeyColumn: a keyed claim on a table configured without a key column.
+var ErrNoKeyColumn = errors.New("no key column configured (ordering PerKey needs --key-column)")
+
+// ClaimKeyed is Claim for ordering PerKey: it takes only pending rows whose
+// key falls in one of the given partitions (of partitions in all), and sets
+// each event's Key and Partition.
+func (t *Table) ClaimKeyed(ctx context.Context, tx Querier, limit, partitions int, owned []int64) ([]Event, error) {
+	if t.columns.Key == "" {
+		return nil, ErrNoKeyColumn
+	}
+	rows, err := tx.Query(ctx, t.format(claimKeyedSQL, t.qKey), limit, partitions, owned)
+	if err != nil {
+		return nil, t.classify(err)
+	}
+	events := make([]Event, 0, limit)
+	for rows.Next() {
+		var id, typ, payload *string
+		var created *time.Time
+		var key string
+		var partition int64
+		if err := rows.Scan(&id, &typ, &payload, &created, &key, &partition); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("scanning claimed row: %w", err)
+		}
+		e := newEvent(t.columns, id, typ, payload, created)
+		e.Key, e.Partition = key, int(partition)
+		events = append(events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, t.classify(err)
+	}
+	if len(events) > limit {
 		return nil, fmt.Errorf("claim returned %d rows for a batch of %d", len(events), limit)
 	}
 	return events, nil
@@ -142,6 +184,11 @@ func (t *Table) Backlog(ctx context.Context, q Querier) (Backlog, error) {
 	var b Backlog
 	if err := q.QueryRow(ctx, t.BacklogSQL()).Scan(&b.Count, &b.Oldest); err != nil {
 		return Backlog{}, t.classify(err)
+	}
+	if t.columns.Key != "" { // a missing key column shows here, not only in the relays' logs
+		if _, err := q.Exec(ctx, t.format(keyCheckSQL, t.qKey)); err != nil {
+			return Backlog{}, t.classify(err)
+		}
 	}
 	n, err := t.CountDeadLetters(ctx, q)
 	if err != nil {

@@ -216,3 +216,18 @@ func TestDropDispatchedPartitions(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, dropped)
 }
+
+// TestBacklogReportsAMissingKeyColumn: the operator's backlog check shows a
+// key column that does not exist, as it does the other columns.
+func TestBacklogReportsAMissingKeyColumn(t *testing.T) {
+	t.Parallel()
+	plain := MustNew("", Columns{})
+	db := connect(t, plain.DDL(DDLOptions{}))
+	_, err := MustNew("", Columns{Key: "aggregate_id"}).Backlog(context.Background(), db)
+	require.ErrorIs(t, err, ErrColumnNotFound)
+	require.ErrorContains(t, err, "aggregate_id")
+	_, err = db.Exec(context.Background(), `ALTER TABLE outbox_events ADD COLUMN aggregate_id text`)
+	require.NoError(t, err)
+	_, err = MustNew("", Columns{Key: "aggregate_id"}).Backlog(context.Background(), db)
+	require.NoError(t, err)
+}

@@ -62,6 +62,10 @@ SELECT r_id, r_type, r_payload, r_created FROM claimed ORDER BY sort_created, so
 )
 SELECT r_id, r_type, r_payload, r_created, r_key, r_partition FROM claimed ORDER BY sort_created, sort_id`
 
+	// keyCheckSQL (with %[14]s the key column) reads no row: it fails when
+	// the key column does not exist.
+	keyCheckSQL = `SELECT %[14]s FROM %[1]s LIMIT 0`
+
 	// backlogSQL counts pending rows and finds the oldest. With the partial
 	// index both are index-only over the pending rows.
 	backlogSQL = `SELECT count(*), min(%[5]s)::timestamptz FROM %[1]s WHERE %[6]s IS NULL`

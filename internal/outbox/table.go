@@ -52,6 +52,10 @@ type Columns struct {
 	// DispatchedAt is a nullable timestamp or timestamptz column: NULL while
 	// the event waits to be published.
 	DispatchedAt string
+	// Key, optional, is the column whose value orders events per key (the
+	// aggregate id) with ordering PerKey; any type that casts to text. Empty:
+	// none (it has no default).
+	Key string
 }
 
 func (c Columns) withDefaults() Columns {
@@ -61,6 +65,7 @@ func (c Columns) withDefaults() Columns {
 		Payload:      or(c.Payload, DefaultPayloadColumn),
 		CreatedAt:    or(c.CreatedAt, DefaultCreatedAtColumn),
 		DispatchedAt: or(c.DispatchedAt, DefaultDispatchedAtColumn),
+		Key:          c.Key,
 	}
 }
 
@@ -80,6 +85,7 @@ type Table struct {
 
 	// quoted forms, computed once
 	qTable, qID, qType, qPayload, qCreated, qDispatched string
+	qKey                                                string // "NULL" without a key column
 }
 
 // ValidateIdentifier reports whether s can be used as a table, schema or
@@ -128,8 +134,16 @@ func New(table string, columns Columns) (*Table, error) {
 			return nil, err
 		}
 	}
+	if c.Key != "" {
+		if err := ValidateIdentifier("column key", c.Key); err != nil {
+			return nil, err
+		}
+	}
 	seen := map[string]bool{}
-	for _, n := range []string{c.ID, c.EventType, c.Payload, c.CreatedAt, c.DispatchedAt} {
+	for _, n := range []string{c.ID, c.EventType, c.Payload, c.CreatedAt, c.DispatchedAt, c.Key} {
+		if n == "" {
+			continue
+		}
 		if seen[n] {
 			return nil, fmt.Errorf("column %q is named twice: each column of the outbox layout must be distinct", n)
 		}
@@ -146,6 +160,10 @@ func New(table string, columns Columns) (*Table, error) {
 	t.qPayload = quote(c.Payload)
 	t.qCreated = quote(c.CreatedAt)
 	t.qDispatched = quote(c.DispatchedAt)
+	t.qKey = "NULL"
+	if c.Key != "" {
+		t.qKey = quote(c.Key)
+	}
 	return t, nil
 }
 

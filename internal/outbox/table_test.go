@@ -12,7 +12,7 @@ func TestNewDefaults(t *testing.T) {
 	tbl, err := New("", Columns{})
 	require.NoError(t, err)
 	require.Equal(t, "outbox_events", tbl.String())
-	require.Equal(t, Columns{"id", "event_type", "payload", "created_at", "dispatched_at"}, tbl.Columns())
+	require.Equal(t, Columns{"id", "event_type", "payload", "created_at", "dispatched_at", ""}, tbl.Columns())
 	require.Equal(t, "outbox_events_pending_idx", tbl.PendingIndexName())
 	require.Equal(t, "outbox_outbox_events", tbl.Channel())
 }
@@ -81,4 +81,17 @@ func TestDDL(t *testing.T) {
 	withTrigger := tbl.DDL(DDLOptions{Notify: true})
 	require.Contains(t, withTrigger, `FOR EACH STATEMENT EXECUTE FUNCTION "app"."outbox_notify_fn"()`)
 	require.Contains(t, withTrigger, `pg_notify('outbox_app__outbox', '')`)
+}
+
+func TestKeyColumn(t *testing.T) {
+	t.Parallel()
+	tbl, err := New("", Columns{Key: "aggregate_id"})
+	require.NoError(t, err)
+	require.Equal(t, "aggregate_id", tbl.Columns().Key)
+	_, err = New("", Columns{Key: "payload"})
+	require.ErrorContains(t, err, `column "payload" is named twice`)
+	_, err = New("", Columns{Key: "x; DROP TABLE y"})
+	require.ErrorIs(t, err, ErrInvalidIdentifier)
+	_, err = MustNew("", Columns{}).ClaimKeyed(t.Context(), nil, 1, 1, nil)
+	require.ErrorIs(t, err, ErrNoKeyColumn)
 }

@@ -241,3 +241,14 @@ func (b *testBundle) openBatches(t *testing.T) int {
 		WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&n))
 	return n
 }
+
+// owner opens an ownership for r and runs one rebalance, as the relay's
+// maintenance loop would; it is closed when the test ends.
+func (b *testBundle) owner(t *testing.T, r *Relay) *ownership {
+	t.Helper()
+	o, err := r.openOwnership(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(o.close)
+	require.NoError(t, o.rebalance(context.Background(), 0))
+	return o
+}

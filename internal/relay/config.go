@@ -42,16 +42,20 @@ const (
 	// stream in claim order: (created_at, id) among the rows committed when
 	// they were claimed.
 	OrderingStrict Ordering = "Strict"
+	// OrderingPerKey: the key column's values hashed into Partitions, each
+	// owned by one relay at a time (fenced), many relays; the stream in claim
+	// order per key.
+	OrderingPerKey Ordering = "PerKey"
 )
 
 // ParseOrdering reads an ordering name, case-insensitively.
 func ParseOrdering(s string) (Ordering, error) {
-	for _, o := range []Ordering{OrderingNone, OrderingStrict} {
+	for _, o := range []Ordering{OrderingNone, OrderingStrict, OrderingPerKey} {
 		if strings.EqualFold(s, string(o)) {
 			return o, nil
 		}
 	}
-	return "", fmt.Errorf("ordering %q: must be None or Strict", s)
+	return "", fmt.Errorf("ordering %q: must be None, Strict or PerKey", s)
 }
 
 // Config configures a Relay. Zero values take the defaults above.
@@ -126,8 +130,13 @@ type Config struct {
 	// LeaderTimeout is how soon a leader that stopped loses its leadership
 	// (ordering Strict): its session's idle_session_timeout.
 	LeaderTimeout time.Duration
-	// StandbyPoll is how often a standby tries to become the leader.
+	// StandbyPoll is how often an ordered relay rebalances its key
+	// partitions (and a standby tries to become the leader).
 	StandbyPoll time.Duration
+	// Partitions is the number of key partitions of ordering PerKey: the
+	// most relays that share the work; default DefaultPartitions. Every
+	// relay of a table must use the same number.
+	Partitions int
 }
 
 func (c Config) withDefaults() Config {
@@ -149,6 +158,7 @@ func (c Config) withDefaults() Config {
 	c.Ordering = cmp.Or(c.Ordering, OrderingNone)
 	c.LeaderTimeout = cmp.Or(c.LeaderTimeout, DefaultLeaderTimeout)
 	c.StandbyPoll = cmp.Or(c.StandbyPoll, DefaultStandbyPoll)
+	c.Partitions = cmp.Or(c.Partitions, DefaultPartitions)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -186,6 +196,12 @@ func (c Config) validate() error {
 	}
 	if _, err := ParseOrdering(string(c.Ordering)); err != nil {
 		errs = append(errs, err)
+	}
+	if c.Ordering == OrderingPerKey && c.Table != nil && c.Table.Columns().Key == "" {
+		errs = append(errs, errors.New("ordering PerKey needs a key column (--key-column)"))
+	}
+	if c.Partitions < 1 || c.Partitions > MaxPartitions {
+		errs = append(errs, fmt.Errorf("partitions %d out of range 1..%d", c.Partitions, MaxPartitions))
 	}
 	if c.LeaderTimeout < time.Second {
 		errs = append(errs, fmt.Errorf("leader timeout %s below 1s", c.LeaderTimeout))

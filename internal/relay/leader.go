@@ -5,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
+	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,71 +18,100 @@ import (
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
-// Strict ordering runs one active relay per outbox table: the leader. The
-// others are warm standbys that try to take over every StandbyPoll.
+// Ordered relays (ordering Strict and PerKey) split the outbox into key
+// partitions, each owned by one relay at a time: Strict has one partition
+// holding every row, PerKey hashes the key column into Partitions of them.
+// A relay claims only rows of the partitions it owns, and its pipeline
+// publishes them in claim order, so each partition reaches the stream in
+// (created_at, id) order.
 //
-// Leadership is a session-level PostgreSQL advisory lock (the leader key)
-// held by a dedicated session that sends a heartbeat every
-// LeaderTimeout/3 and runs with idle_session_timeout = LeaderTimeout: a
-// leader that stops (paused, cut off, killed) loses its session, and the
-// lock with it, within LeaderTimeout, and a standby takes over.
+// Ownership is a set of session-level PostgreSQL advisory locks, one per
+// partition, held by a session of the relay's own that runs with
+// idle_session_timeout = LeaderTimeout and is used at least every
+// StandbyPoll: a relay that stops (paused, cut off, killed with its host)
+// loses the session, and every partition with it, within LeaderTimeout. The
+// same session holds a member lock in shared mode, so relays count each
+// other; each aims at ceil(partitions / relays) partitions, giving up the
+// extra ones and taking free ones, so ownership follows the Deployment's
+// scale. With Strict the one partition goes to one relay; the others stand by.
 //
-// Three fences keep a former leader from publishing out of order:
+// Three fences keep a former owner from publishing out of order:
 //
-//  1. Every batch of a leader takes the fence key in shared mode for its
-//     transaction and checks, in the same statement, that its leader session
-//     still holds the leader key. A new leader takes the fence key in
-//     exclusive mode before its first claim, so it waits until every batch of
-//     the former leader has committed or rolled back: no row stays locked by
-//     a former leader, so no claim of the new one skips past it.
-//  2. Each leadership has an epoch: the transaction id PostgreSQL assigns
-//     when it takes over, larger than any before. Every publish is one Lua
-//     script that refuses an epoch older than the stream's fence key
-//     (<stream>:fence) and raises the fence to its own: once a new leader
-//     has published, a former leader that wakes up cannot add anything.
-//  3. Within one leader, the pipeline publishes in claim order and, when a
+//  1. Every batch takes the fence lock of each partition it may claim in
+//     shared mode for its transaction, then checks that its owner session
+//     still holds those partitions. A new owner takes a partition's fence in
+//     exclusive mode before its first claim of it, so it waits until every
+//     batch of the former owner has committed or rolled back: no row of the
+//     partition stays locked by a former owner for a claim to skip.
+//  2. Each acquisition takes an epoch: the transaction id PostgreSQL assigns,
+//     larger than any before. Every publish is one Lua script that refuses an
+//     epoch older than the partition's fence in Redis (field p of the hash
+//     <stream>:fence) and raises it: once a new owner has published, a former
+//     owner that wakes up cannot add an entry of that partition.
+//  3. Within one relay, the pipeline publishes in claim order and, when a
 //     batch fails, rolls back every batch claimed after it (Relay.pipeline).
-type leadership struct {
-	r     *Relay
-	conn  *pgx.Conn
-	pid   uint32
-	epoch int64
-	// lost is closed when the leader session fails.
-	lost chan struct{}
+type ownership struct {
+	r          *Relay
+	partitions int
+	keys       lockKeys
+
+	mu      sync.Mutex // the session is used by one goroutine at a time
+	conn    *pgx.Conn
+	held    map[int64]bool // partitions whose lock the session holds
+	fencing map[int64]bool // held, but the former owner's batches may still run
+
+	pid       uint32
+	claimable atomic.Pointer[[]int64] // held and fenced: what the claimer may take
+	epoch     atomic.Int64
+	lost      chan struct{} // closed when the session fails
+	lostOnce  sync.Once
 }
 
-// Defaults of the leadership timings.
+// Defaults of the ownership timings.
 const (
 	DefaultLeaderTimeout = 10 * time.Second
 	DefaultStandbyPoll   = time.Second
+	// DefaultPartitions is the number of key partitions of ordering PerKey:
+	// the most relays that share the work.
+	DefaultPartitions = 32
+	// MaxPartitions bounds Partitions (the lock keys leave room for this many).
+	MaxPartitions = 4096
 )
 
-// leaderKeys are the advisory lock keys of a table's leadership: the leader
-// key, held by the leader's session, and the fence key, held shared by each
-// of its batches.
-func leaderKeys(t *outbox.Table) (leader, fence int64) {
+// lockKeys are the advisory lock keys of a table's ordering: per partition
+// p, base+2p (ownership) and base+2p+1 (fence); member is held shared by
+// every relay of the table.
+type lockKeys struct{ base, member int64 }
+
+func newLockKeys(t *outbox.Table, partitions int) lockKeys {
 	h := fnv.New64a()
-	_, _ = h.Write([]byte("outbox-relay/strict/" + t.String()))
-	k := int64(h.Sum64() &^ 1) // even: leader; the odd neighbour: fence
-	return k, k | 1
+	_, _ = h.Write([]byte("outbox-relay/ordered/" + t.String() + "/" + strconv.Itoa(partitions)))
+	base := int64(h.Sum64()&(1<<42-1)) << 20 // positive; 2^20 keys of room
+	return lockKeys{base: base, member: base + 1<<20 - 1}
 }
 
-// lead runs the pipeline whenever this relay is the leader, until ctx ends.
-func (r *Relay) lead(ctx context.Context) {
+func (k lockKeys) owner(p int64) int64 { return k.base + 2*p }
+func (k lockKeys) fence(p int64) int64 { return k.base + 2*p + 1 }
+
+// heldLocksSQL counts the advisory locks of $2 that session $1 holds.
+// Advisory locks belong to a database: pg_locks shows every database's.
+const heldLocksSQL = `SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND pid = $1 AND granted AND objsubid = 1
+	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND ((classid::bigint << 32) | objid::bigint) = ANY($2::bigint[])`
+
+// membersSQL counts the sessions holding the member lock $1.
+const membersSQL = `SELECT count(DISTINCT pid) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 1
+	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND ((classid::bigint << 32) | objid::bigint) = $1`
+
+// own runs the pipeline on the partitions this relay owns, until ctx ends.
+func (r *Relay) own(ctx context.Context) {
 	failures := 0
-	standbyLogged := false
 	for ctx.Err() == nil {
-		l, err := r.acquireLeadership(ctx)
-		switch {
-		case errors.Is(err, errStandby):
-			if !standbyLogged {
-				r.log.Info("Standing by: another relay is the leader of this outbox (ordering Strict)")
-				standbyLogged = true
-			}
-			r.setErr(nil) // a healthy standby is ready: it takes over within seconds
-			sleep(ctx, r.cfg.StandbyPoll, nil)
-			continue
-		case err != nil:
+		o, err := r.openOwnership(ctx)
+		if err != nil {
 			failures++
 			delay := backoff(failures, r.cfg.MinBackoff, r.cfg.MaxBackoff, jitter)
 			r.setErr(err)
@@ -86,173 +119,270 @@ func (r *Relay) lead(ctx context.Context) {
 			sleep(ctx, delay, nil)
 			continue
 		}
-		failures, standbyLogged = 0, false
-		r.log.Info("Became the leader (ordering Strict)", "epoch", l.epoch)
-		leaderCtx, cancel := context.WithCancel(ctx)
+		failures = 0
+		ownCtx, cancel := context.WithCancel(ctx)
 		go func() {
 			select {
-			case <-l.lost:
+			case <-o.lost:
 				cancel()
-			case <-leaderCtx.Done():
+			case <-ownCtx.Done():
 			}
 		}()
-		go l.heartbeat(leaderCtx)
-		r.pipeline(leaderCtx, l)
+		go o.maintain(ownCtx)
+		r.pipeline(ownCtx, o)
 		cancel()
-		l.release()
+		o.close()
 		if ctx.Err() == nil {
-			r.log.Warn("Lost the leadership; standing by")
+			r.log.Warn("Lost the ownership session; every partition is given up, starting again")
 		}
 	}
 }
 
-var errStandby = errors.New("another relay is the leader")
-
-// acquireLeadership tries once to become the leader: errStandby when
-// another relay is.
-func (r *Relay) acquireLeadership(ctx context.Context) (*leadership, error) {
+// openOwnership opens the relay's own session, bounded by
+// idle_session_timeout, and joins the table's members.
+func (r *Relay) openOwnership(ctx context.Context) (*ownership, error) {
+	partitions := 1
+	if r.cfg.Ordering == OrderingPerKey {
+		partitions = r.cfg.Partitions
+	}
 	pc, err := r.db.Acquire(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("connecting the leader session: %w", err)
+		return nil, fmt.Errorf("connecting the ownership session: %w", err)
 	}
-	conn := pc.Hijack() // a session holding a lock must not return to the pool
-	l := &leadership{r: r, conn: conn, pid: conn.PgConn().PID(), lost: make(chan struct{})}
-	fail := func(err error) (*leadership, error) {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	leaderKey, fenceKey := leaderKeys(r.cfg.Table)
+	conn := pc.Hijack() // a session holding locks must not return to the pool
+	o := &ownership{r: r, partitions: partitions, keys: newLockKeys(r.cfg.Table, partitions), conn: conn,
+		held: map[int64]bool{}, fencing: map[int64]bool{}, pid: conn.PgConn().PID(), lost: make(chan struct{})}
+	o.claimable.Store(&[]int64{})
 	if _, err := conn.Exec(ctx, "SET idle_session_timeout = "+strconv.FormatInt(r.cfg.LeaderTimeout.Milliseconds(), 10)); err != nil {
-		return fail(fmt.Errorf("setting idle_session_timeout on the leader session (PostgreSQL 14 or later is needed for ordering Strict): %w", err))
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("setting idle_session_timeout on the ownership session (ordering %s needs PostgreSQL 14 or later): %w",
+			r.cfg.Ordering, err)
 	}
-	var got bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", leaderKey).Scan(&got); err != nil {
-		return fail(fmt.Errorf("taking the leader lock: %w", err))
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared($1)", o.keys.member); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("joining the relays of %s: %w", r.cfg.Table, err)
 	}
-	if !got {
-		return fail(errStandby)
+	return o, nil
+}
+
+// maintain rebalances every StandbyPoll (which also keeps the session from
+// idling out) and closes lost when the session fails.
+func (o *ownership) maintain(ctx context.Context) {
+	start := rand.IntN(o.partitions) // spread the first picks of relays starting together
+	for ctx.Err() == nil {
+		if err := o.rebalance(ctx, start); err != nil {
+			if ctx.Err() == nil {
+				o.r.log.Warn("Ownership session failed", "error", err.Error())
+				o.lostOnce.Do(func() { close(o.lost) })
+			}
+			return
+		}
+		sleep(ctx, o.r.cfg.StandbyPoll, nil)
 	}
-	// Wait until the former leader's batches have ended, then take an epoch.
-	for {
-		_, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", fenceKey)
-		if err == nil {
+}
+
+// rebalance gives up partitions above this relay's share, takes free ones
+// up to it, and makes fenced partitions claimable.
+func (o *ownership) rebalance(ctx context.Context, start int) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, o.r.cfg.LeaderTimeout/2)
+	defer cancel()
+	var members int64
+	if err := o.conn.QueryRow(ctx, membersSQL, o.keys.member).Scan(&members); err != nil {
+		return err
+	}
+	target := (o.partitions + int(max(members, 1)) - 1) / int(max(members, 1))
+	changed := false
+	// Give up the extra partitions, the highest first. A batch in flight
+	// keeps the partition's fence shared, so the next owner waits for it.
+	for _, p := range o.sortedHeld() {
+		if len(o.held) <= target {
 			break
 		}
-		if ctx.Err() != nil {
-			return fail(ctx.Err())
+		if _, err := o.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", o.keys.owner(p)); err != nil {
+			return err
 		}
-		// lock_timeout: a former leader's batch still runs; its session
-		// ends within the idle-in-transaction limit.
-		r.log.Info("Waiting for the former leader's batches to end", "error", err.Error())
-		if _, err := conn.Exec(ctx, "SELECT 1"); err != nil { // heartbeat while waiting
-			return fail(fmt.Errorf("leader session: %w", err))
+		delete(o.held, p)
+		delete(o.fencing, p)
+		changed = true
+		o.r.log.Info("Gave up a key partition", "partition", p, "relays", members)
+	}
+	// Take free partitions up to the share.
+	for i := 0; i < o.partitions && len(o.held) < target; i++ {
+		p := int64((start + i) % o.partitions)
+		if o.held[p] {
+			continue
+		}
+		var got bool
+		if err := o.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", o.keys.owner(p)).Scan(&got); err != nil {
+			return err
+		}
+		if got {
+			o.held[p], o.fencing[p] = true, true
 		}
 	}
-	if err := conn.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&l.epoch); err != nil {
-		return fail(fmt.Errorf("taking an epoch: %w", err))
+	// Wait for the former owners' batches; then an epoch, larger than theirs.
+	fenced := false
+	for p := range o.fencing {
+		var got bool
+		if err := o.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", o.keys.fence(p)).Scan(&got); err != nil {
+			return err
+		}
+		if !got {
+			continue // a former owner's batch still runs; try again next round
+		}
+		if _, err := o.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", o.keys.fence(p)); err != nil {
+			return err
+		}
+		delete(o.fencing, p)
+		fenced, changed = true, true
 	}
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", fenceKey); err != nil {
-		return fail(fmt.Errorf("releasing the fence key: %w", err))
+	if fenced {
+		var epoch int64
+		if err := o.conn.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&epoch); err != nil {
+			return err
+		}
+		o.epoch.Store(epoch)
 	}
-	return l, nil
+	if changed {
+		var ready []int64
+		for p := range o.held {
+			if !o.fencing[p] {
+				ready = append(ready, p)
+			}
+		}
+		slices.Sort(ready)
+		o.claimable.Store(&ready)
+		o.r.log.Info("Key partitions owned", "partitions", ready, "of", o.partitions, "relays", members,
+			"epoch", o.epoch.Load())
+	}
+	// A query every round keeps the session within idle_session_timeout.
+	_, err := o.conn.Exec(ctx, "SELECT 1")
+	return err
 }
 
-// heartbeat keeps the leader session busy within idle_session_timeout and
-// closes lost when it fails.
-func (l *leadership) heartbeat(ctx context.Context) {
-	t := time.NewTicker(l.r.cfg.LeaderTimeout / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		hctx, cancel := context.WithTimeout(ctx, l.r.cfg.LeaderTimeout/3)
-		_, err := l.conn.Exec(hctx, "SELECT 1")
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			l.r.log.Warn("Leader session failed", "error", err.Error())
-			close(l.lost)
-			return
-		}
+func (o *ownership) sortedHeld() []int64 {
+	var ps []int64
+	for p := range o.held {
+		ps = append(ps, p)
 	}
+	slices.Sort(ps)
+	slices.Reverse(ps)
+	return ps
 }
 
-// release ends the leadership: closing the session releases the lock.
-func (l *leadership) release() {
+// close ends the session, which releases every lock.
+func (o *ownership) close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_ = l.conn.Close(ctx)
+	_ = o.conn.Close(ctx)
 }
 
-// errNotLeader: the leader session is gone; the batch must not be claimed.
-var errNotLeader = errors.New("no longer the leader: the leader session ended")
+// errNotOwner: the session no longer holds a partition the batch would
+// claim; the batch is not claimed.
+var errNotOwner = errors.New("no longer the owner of the key partitions: the ownership session ended or gave them up")
 
-// fenceSQL takes the fence key shared for the batch's transaction and tells
-// whether the leader session ($2) still holds the leader key ($3).
-const fenceSQL = `SELECT pg_advisory_xact_lock_shared($1), EXISTS (
-	SELECT 1 FROM pg_locks
-	WHERE locktype = 'advisory' AND pid = $2 AND granted AND objsubid = 1
-		AND classid = (($3::bigint >> 32) & 4294967295)::oid AND objid = ($3::bigint & 4294967295)::oid
-)`
-
-// fence runs first in every batch of a leader (see leadership).
-func (l *leadership) fence(ctx context.Context, tx pgx.Tx) error {
-	leaderKey, fenceKey := leaderKeys(l.r.cfg.Table)
-	var held bool
-	var unit any
-	if err := tx.QueryRow(ctx, fenceSQL, fenceKey, int64(l.pid), leaderKey).Scan(&unit, &held); err != nil {
-		return fmt.Errorf("fencing batch: %w", err)
+// fence runs first in every batch of an ordered relay (see ownership): it
+// takes the fences of the partitions in shared mode, then checks the
+// session still owns them. It returns the epoch to publish with.
+func (o *ownership) fence(ctx context.Context, tx pgx.Tx, parts []int64) (int64, error) {
+	epoch := o.epoch.Load()
+	fences := make([]int64, len(parts))
+	owners := make([]int64, len(parts))
+	for i, p := range parts {
+		fences[i], owners[i] = o.keys.fence(p), o.keys.owner(p)
 	}
-	if !held {
-		return errNotLeader
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared(k) FROM unnest($1::bigint[]) k", fences); err != nil {
+		return 0, fmt.Errorf("fencing batch: %w", err)
 	}
-	return nil
+	var held int
+	if err := tx.QueryRow(ctx, heldLocksSQL, int64(o.pid), owners).Scan(&held); err != nil {
+		return 0, fmt.Errorf("fencing batch: %w", err)
+	}
+	if held != len(parts) {
+		return 0, errNotOwner
+	}
+	return epoch, nil
 }
 
-// fencedXAdd is the publish of a leader: one script that refuses an epoch
-// older than the stream's fence, raises the fence to this epoch, and adds
-// the entries in order (trimmed like XADD MAXLEN ~ when maxlen > 0).
+// fencedXAdd is the publish of an ordered relay: one script that refuses an
+// epoch older than the fence of any partition of the batch, raises those
+// fences to this epoch, and adds the entries in order (trimmed like XADD
+// MAXLEN ~ when maxlen > 0; with a key field when withKey is 1).
+//
+// KEYS: stream, fence hash. ARGV: epoch, maxlen, withKey, n, n partitions,
+// then the entries' fields.
 var fencedXAdd = redis.NewScript(`
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 local epoch = tonumber(ARGV[1])
-if fence > epoch then
-	return redis.error_reply('FENCED the stream is written by a newer leader (epoch ' .. fence .. ', this relay ' .. epoch .. ')')
-end
-if fence < epoch then redis.call('SET', KEYS[2], ARGV[1]) end
 local maxlen = tonumber(ARGV[2])
-local n = 0
-for i = 3, #ARGV, 3 do
-	if maxlen > 0 then
-		redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'event_id', ARGV[i], 'event_type', ARGV[i+1], 'payload', ARGV[i+2])
-	else
-		redis.call('XADD', KEYS[1], '*', 'event_id', ARGV[i], 'event_type', ARGV[i+1], 'payload', ARGV[i+2])
+local withKey = ARGV[3] == '1'
+local n = tonumber(ARGV[4])
+for i = 5, 4 + n do
+	local f = tonumber(redis.call('HGET', KEYS[2], ARGV[i]) or '0')
+	if f > epoch then
+		return redis.error_reply('FENCED partition ' .. ARGV[i] .. ' of the stream is written by a newer owner (epoch ' .. f .. ', this relay ' .. epoch .. ')')
 	end
-	n = n + 1
 end
-return n
+for i = 5, 4 + n do redis.call('HSET', KEYS[2], ARGV[i], ARGV[1]) end
+local step = 3
+if withKey then step = 4 end
+local added = 0
+for i = 5 + n, #ARGV, step do
+	local fields = {'event_id', ARGV[i], 'event_type', ARGV[i+1], 'payload', ARGV[i+2]}
+	if withKey then
+		fields[7] = 'key'
+		fields[8] = ARGV[i+3]
+	end
+	if maxlen > 0 then
+		redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', unpack(fields))
+	else
+		redis.call('XADD', KEYS[1], '*', unpack(fields))
+	end
+	added = added + 1
+end
+return added
 `)
 
-// FenceKey is the Redis key holding the epoch of the newest leader that
-// published to stream.
+// FenceKey is the Redis hash holding, per key partition, the epoch of the
+// newest owner that published it to stream.
 func FenceKey(stream string) string { return stream + ":fence" }
 
-// publishFenced adds the events not marked in skip, in order, with the
-// leader's epoch.
-func (l *leadership) publishFenced(ctx context.Context, events []outbox.Event, skip []string) error {
-	args := []any{l.epoch, l.r.cfg.MaxLen}
+// publishFenced adds the events not marked in skip, in order, with epoch,
+// fencing the batch's partitions.
+func (o *ownership) publishFenced(ctx context.Context, epoch int64, events []outbox.Event, skip []string) error {
+	withKey := o.r.cfg.Ordering == OrderingPerKey
+	var parts []int64
+	var fields []any
 	for i, e := range events {
-		if skip[i] == "" {
-			args = append(args, e.ID, e.Type, e.Payload)
+		if skip[i] != "" {
+			continue
+		}
+		if !slices.Contains(parts, int64(e.Partition)) {
+			parts = append(parts, int64(e.Partition))
+		}
+		fields = append(fields, e.ID, e.Type, e.Payload)
+		if withKey {
+			fields = append(fields, e.Key)
 		}
 	}
-	if len(args) == 2 {
+	if len(fields) == 0 {
 		return nil
 	}
-	stream := l.r.cfg.Stream
-	if err := fencedXAdd.Run(ctx, l.r.rdb, []string{stream, FenceKey(stream)}, args...).Err(); err != nil {
-		return fmt.Errorf("XADD %s (fenced, epoch %d): %w", stream, l.epoch, err)
+	wk := "0"
+	if withKey {
+		wk = "1"
+	}
+	args := []any{epoch, o.r.cfg.MaxLen, wk, len(parts)}
+	for _, p := range parts {
+		args = append(args, p)
+	}
+	args = append(args, fields...)
+	stream := o.r.cfg.Stream
+	if err := fencedXAdd.Run(ctx, o.r.rdb, []string{stream, FenceKey(stream)}, args...).Err(); err != nil {
+		return fmt.Errorf("XADD %s (fenced, epoch %d): %w", stream, epoch, err)
 	}
 	return nil
 }

@@ -103,53 +103,160 @@ func TestStrictOneLeaderAndTakeover(t *testing.T) {
 
 // TestStrictLeaderWhoseSessionEndsStopsPublishing ends the leader's session
 // on the server, as when it went silent: its next batch is refused by the
-// fence, and the relay becomes the leader again with a new epoch.
+// fence, and a new ownership takes the partition with a larger epoch.
 func TestStrictLeaderWhoseSessionEndsStopsPublishing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
 	b.insertBulk(t, 100)
 	r := b.newRelay(t, Config{Ordering: OrderingStrict, BatchSize: 10, LeaderTimeout: 2 * time.Second, StandbyPoll: 50 * time.Millisecond})
 	ctx := context.Background()
-	l, err := r.acquireLeadership(ctx)
-	require.NoError(t, err)
-	defer l.release()
+	o := b.owner(t, r)
+	require.Equal(t, []int64{0}, *o.claimable.Load())
+	first := o.epoch.Load()
+	require.Positive(t, first)
 
 	tx, err := b.db.Begin(ctx)
 	require.NoError(t, err)
-	require.NoError(t, l.fence(ctx, tx))
+	_, err = o.fence(ctx, tx, []int64{0})
+	require.NoError(t, err)
 	require.NoError(t, tx.Rollback(ctx))
 
-	_, err = b.db.Exec(ctx, `SELECT pg_terminate_backend($1)`, int64(l.pid))
+	_, err = b.db.Exec(ctx, `SELECT pg_terminate_backend($1)`, int64(o.pid))
 	require.NoError(t, err)
 	waitFor(t, "the leader session gone", func() bool {
 		var n int
-		require.NoError(t, b.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, int64(l.pid)).Scan(&n))
+		require.NoError(t, b.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, int64(o.pid)).Scan(&n))
 		return n == 0
 	})
 	tx, err = b.db.Begin(ctx)
 	require.NoError(t, err)
-	require.ErrorIs(t, l.fence(ctx, tx), errNotLeader)
+	_, err = o.fence(ctx, tx, []int64{0})
+	require.ErrorIs(t, err, errNotOwner)
 	require.NoError(t, tx.Rollback(ctx))
 
-	again, err := r.acquireLeadership(ctx)
-	require.NoError(t, err, "the lock went with the session")
-	defer again.release()
-	require.Greater(t, again.epoch, l.epoch)
+	again := b.owner(t, r)
+	require.Equal(t, []int64{0}, *again.claimable.Load(), "the lock went with the session")
+	require.Greater(t, again.epoch.Load(), first)
 }
 
-// TestFenceRefusesAnOlderEpoch: once a newer leader has published, a former
-// one cannot add anything to the stream.
+// TestFenceRefusesAnOlderEpoch: once a newer owner has published a
+// partition, a former one cannot add anything to it; other partitions are
+// unaffected.
 func TestFenceRefusesAnOlderEpoch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
 	r := b.newRelay(t, Config{Ordering: OrderingStrict})
 	ctx := context.Background()
-	events := []outbox.Event{{ID: "1", Type: "t", Payload: "p"}}
-	newer := &leadership{r: r, epoch: 200}
-	older := &leadership{r: r, epoch: 100}
-	require.NoError(t, newer.publishFenced(ctx, events, []string{""}))
-	err := older.publishFenced(ctx, events, []string{""})
-	require.ErrorContains(t, err, "FENCED")
-	require.EqualValues(t, 1, b.streamLen(t))
-	require.NoError(t, newer.publishFenced(ctx, events, []string{""}), "the same epoch goes on")
+	o := &ownership{r: r}
+	p0 := []outbox.Event{{ID: "1", Type: "t", Payload: "p", Partition: 0}}
+	p1 := []outbox.Event{{ID: "2", Type: "t", Payload: "p", Partition: 1}}
+	require.NoError(t, o.publishFenced(ctx, 200, p0, []string{""}))
+	err := o.publishFenced(ctx, 100, p0, []string{""})
+	require.ErrorContains(t, err, "FENCED partition 0")
+	require.NoError(t, o.publishFenced(ctx, 100, p1, []string{""}), "another partition has its own fence")
+	require.NoError(t, o.publishFenced(ctx, 200, p0, []string{""}), "the same epoch goes on")
+	require.EqualValues(t, 3, b.streamLen(t))
+}
+
+// keyedBundle is an outbox with a key column, filled with n events over
+// keys keys, interleaved, one statement each so created_at increases.
+func keyedBundle(t *testing.T, n, keys int) (*testBundle, []entryKey) {
+	t.Helper()
+	table := outbox.MustNew("", outbox.Columns{Key: "aggregate_id"})
+	b := setup(t, bundleOpts{table: table, ddl: `CREATE TABLE outbox_events (
+		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, event_type text NOT NULL, payload text NOT NULL,
+		aggregate_id text, created_at timestamptz NOT NULL DEFAULT clock_timestamp(), dispatched_at timestamptz);` +
+		table.IndexDDL() + table.DeadLetterDDL()})
+	_, err := b.db.Exec(context.Background(), `INSERT INTO outbox_events (event_type, payload, aggregate_id, created_at)
+		SELECT 't', g::text, 'k' || (g % $2), now() + g * interval '1 microsecond' FROM generate_series(1, $1) g`, n, keys)
+	require.NoError(t, err)
+	rows, err := b.db.Query(context.Background(), `SELECT id::text, aggregate_id FROM outbox_events ORDER BY created_at, id`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var want []entryKey
+	for rows.Next() {
+		var e entryKey
+		require.NoError(t, rows.Scan(&e.id, &e.key))
+		want = append(want, e)
+	}
+	return b, want
+}
+
+type entryKey struct{ id, key string }
+
+// requirePerKeyOrder checks, on the first occurrences, that every event is
+// there once, carries its key, and that each key's events are in order.
+func requirePerKeyOrder(t *testing.T, entries []entry, want []entryKey) {
+	t.Helper()
+	seen := map[string]bool{}
+	got := map[string][]string{}
+	for _, e := range entries {
+		if id := e[FieldEventID]; !seen[id] {
+			seen[id] = true
+			got[e[FieldKey]] = append(got[e[FieldKey]], id)
+		}
+	}
+	require.Len(t, seen, len(want), "every event, once deduplicated")
+	expected := map[string][]string{}
+	for _, w := range want {
+		expected[w.key] = append(expected[w.key], w.id)
+	}
+	require.Equal(t, len(expected), len(got), "keys")
+	for k, ids := range expected {
+		require.Equal(t, ids, got[k], "events of key %s out of order", k)
+	}
+}
+
+// TestPerKeyOrderWhileRelaysComeAndGo drains a keyed outbox with relays
+// joining and leaving: 1, then 3, then 2 (one stopped mid-drain). Every
+// event arrives, and each key's events are in order.
+func TestPerKeyOrderWhileRelaysComeAndGo(t *testing.T) {
+	t.Parallel()
+	b, want := keyedBundle(t, 6000, 200)
+	cfg := Config{Ordering: OrderingPerKey, Partitions: 8, BatchSize: 50, InFlight: 2,
+		LeaderTimeout: 2 * time.Second, StandbyPoll: 50 * time.Millisecond}
+	var published atomic.Int64
+	newRelay := func() *Relay {
+		r := b.newRelay(t, cfg)
+		r.testHookBeforePublish = func(events []outbox.Event) error {
+			published.Add(int64(len(events)))
+			time.Sleep(2 * time.Millisecond) // keep the drain long enough for the relays to rebalance
+			return nil
+		}
+		return r
+	}
+	stops := []func() error{runInBackground(t, newRelay())}
+	waitFor(t, "the first relay publishing", func() bool { return published.Load() > 500 })
+	stops = append(stops, runInBackground(t, newRelay()), runInBackground(t, newRelay()))
+	waitFor(t, "more published with three relays", func() bool { return published.Load() > 2500 })
+	require.NoError(t, stops[1]())
+	waitFor(t, "backlog drained", func() bool { return b.backlog(t) == 0 })
+	require.NoError(t, stops[0]())
+	require.NoError(t, stops[2]())
+	requirePerKeyOrder(t, b.readStream(t, b.stream), want)
+}
+
+// TestPerKeyPartitionsAreShared: two relays split the partitions evenly,
+// and one alone takes them all back once the other is gone.
+func TestPerKeyPartitionsAreShared(t *testing.T) {
+	t.Parallel()
+	b, _ := keyedBundle(t, 1, 1)
+	cfg := Config{Ordering: OrderingPerKey, Partitions: 8, LeaderTimeout: 2 * time.Second, StandbyPoll: 50 * time.Millisecond}
+	ctx := context.Background()
+	a := b.owner(t, b.newRelay(t, cfg))
+	require.Len(t, *a.claimable.Load(), 8, "alone, it owns every partition")
+	c, err := b.newRelay(t, cfg).openOwnership(ctx)
+	require.NoError(t, err)
+	require.NoError(t, a.rebalance(ctx, 0)) // gives up 4
+	require.NoError(t, c.rebalance(ctx, 0)) // takes the 4 free ones
+	require.Len(t, *a.claimable.Load(), 4)
+	require.Len(t, *c.claimable.Load(), 4)
+	for _, p := range *c.claimable.Load() {
+		require.NotContains(t, *a.claimable.Load(), p, "no partition has two owners")
+	}
+	c.close()
+	waitFor(t, "the first relay owning every partition again", func() bool {
+		require.NoError(t, a.rebalance(ctx, 0))
+		return len(*a.claimable.Load()) == 8
+	})
 }

@@ -21,6 +21,8 @@ const (
 	FieldPayload   = "payload"
 	// FieldError is set on dead-letter entries only.
 	FieldError = "error"
+	// FieldKey is the row's key, on entries of ordering PerKey only.
+	FieldKey = "key"
 )
 
 // publishError marks a failure on the Redis side of a pass.
@@ -44,9 +46,9 @@ type parked struct {
 // that when the refusal also broke the connection (Redis closes it after an
 // over-long argument) the retried batch parks it without sending it again.
 //
-// A leader (ordering Strict) publishes through its fence instead
-// (leadership.publishFenced): all or nothing, in one script.
-func (r *Relay) publish(ctx context.Context, events []outbox.Event, l *leadership) (published int, dead []parked, err error) {
+// An ordered relay publishes through its fence instead
+// (ownership.publishFenced): all or nothing, in one script, with epoch.
+func (r *Relay) publish(ctx context.Context, events []outbox.Event, o *ownership, epoch int64) (published int, dead []parked, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 
@@ -58,8 +60,8 @@ func (r *Relay) publish(ctx context.Context, events []outbox.Event, l *leadershi
 	}
 	var failed error
 	var wait *redis.Cmd // WAIT for replicas (wait.go), nil when not asked
-	if l != nil {
-		failed = l.publishFenced(ctx, events, reasons)
+	if o != nil {
+		failed = o.publishFenced(ctx, epoch, events, reasons)
 	} else {
 		pipe := r.rdb.Pipeline()
 		// XINFO STREAM before the XADDs: has the stream gone back in time

@@ -104,8 +104,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	go r.listen(listenCtx)
 	go r.watchStream(listenCtx) // stream resets, trimming (streamloss.go, trim.go)
 
-	if r.cfg.Ordering == OrderingStrict {
-		r.lead(ctx)
+	if r.cfg.Ordering != OrderingNone {
+		r.own(ctx)
 	} else {
 		r.pipeline(ctx, nil)
 	}
@@ -127,6 +127,9 @@ type batch struct {
 	// epoch is the pipeline's epoch when the claim began: a batch claimed
 	// before a failure is rolled back, not published.
 	epoch uint64
+	// ownerEpoch is the ownership's epoch the batch publishes with (ordered
+	// relays only).
+	ownerEpoch int64
 }
 
 // pipeline relays until ctx ends: one claimer feeds claimed batches, in
@@ -137,9 +140,9 @@ type batch struct {
 // rows) is rolled back unpublished, and the claimer waits out the backoff
 // and claims again from the oldest pending row. So order holds by
 // construction: the stream receives batches in claim order, and nothing is
-// published after a failed batch until it has succeeded. With a leader
-// (strict ordering), every batch is fenced by its leadership.
-func (r *Relay) pipeline(ctx context.Context, l *leadership) {
+// published after a failed batch until it has succeeded. With an ownership
+// (ordering Strict or PerKey), every batch is fenced by it.
+func (r *Relay) pipeline(ctx context.Context, o *ownership) {
 	p := &pipe{
 		queue:  make(chan *batch, r.cfg.InFlight),
 		tokens: make(chan struct{}, r.cfg.InFlight),
@@ -148,8 +151,8 @@ func (r *Relay) pipeline(ctx context.Context, l *leadership) {
 		p.tokens <- struct{}{}
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { r.publisher(ctx, p, l) })
-	r.claimer(ctx, p, l)
+	wg.Go(func() { r.publisher(ctx, p, o) })
+	r.claimer(ctx, p, o)
 	close(p.queue)
 	wg.Wait()
 }
@@ -164,7 +167,7 @@ type pipe struct {
 }
 
 // claimer claims batches while ctx lasts and hands them to the publisher.
-func (r *Relay) claimer(ctx context.Context, p *pipe, l *leadership) {
+func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 	for {
 		select {
 		case <-p.tokens:
@@ -179,7 +182,7 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, l *leadership) {
 			return
 		}
 		epoch := p.epoch.Load()
-		b, err := r.claim(ctx, l)
+		b, err := r.claim(ctx, o)
 		var pause time.Duration
 		var wake <-chan struct{}
 		switch {
@@ -209,14 +212,14 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, l *leadership) {
 
 // publisher publishes and commits the batches in the order they were
 // claimed, until the claimer closes the queue.
-func (r *Relay) publisher(ctx context.Context, p *pipe, l *leadership) {
+func (r *Relay) publisher(ctx context.Context, p *pipe, o *ownership) {
 	for b := range p.queue {
 		if b.epoch != p.epoch.Load() {
 			r.rollback(b) // claimed past a batch that failed
 			p.tokens <- struct{}{}
 			continue
 		}
-		_, err := r.finish(b, l)
+		_, err := r.finish(b, o)
 		p.tokens <- struct{}{}
 		r.setErr(err)
 		if err == nil {
@@ -321,9 +324,10 @@ func (r *Relay) runOnce(ctx context.Context) (*result, error) {
 }
 
 // claim begins a transaction and claims a batch in it; nil when nothing is
-// pending. The transaction stays open for finish. With a leader, the batch
-// is fenced first (leadership.fence).
-func (r *Relay) claim(ctx context.Context, l *leadership) (*batch, error) {
+// pending (or, for an ordered relay, when it owns no key partition). The
+// transaction stays open for finish. An ordered relay fences the batch
+// first (ownership.fence) and claims only rows of its partitions.
+func (r *Relay) claim(ctx context.Context, o *ownership) (*batch, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.batchTimeout())
 	b := &batch{ctx: bctx, cancel: cancel, start: time.Now()}
 	tx, err := r.db.Begin(ctx)
@@ -332,13 +336,22 @@ func (r *Relay) claim(ctx context.Context, l *leadership) (*batch, error) {
 		return nil, fmt.Errorf("beginning batch: %w", err)
 	}
 	b.tx = tx
-	if l != nil {
-		if err := l.fence(ctx, tx); err != nil {
+	var parts []int64
+	if o != nil {
+		if parts = *o.claimable.Load(); len(parts) == 0 {
+			r.rollback(b) // a standby, or no partition fenced yet
+			return nil, nil
+		}
+		if b.ownerEpoch, err = o.fence(ctx, tx, parts); err != nil {
 			r.rollback(b)
 			return nil, err
 		}
 	}
-	b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.BatchSize)
+	if r.cfg.Ordering == OrderingPerKey {
+		b.events, err = r.cfg.Table.ClaimKeyed(ctx, tx, r.cfg.BatchSize, r.cfg.Partitions, parts)
+	} else {
+		b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.BatchSize)
+	}
 	if err != nil {
 		r.rollback(b)
 		return nil, fmt.Errorf("claiming batch: %w", err)
@@ -372,7 +385,7 @@ func (r *Relay) rollback(b *batch) {
 
 // finish publishes a claimed batch, parks what cannot be published, and
 // commits; on any error it rolls the batch back.
-func (r *Relay) finish(b *batch, l *leadership) (*result, error) {
+func (r *Relay) finish(b *batch, o *ownership) (*result, error) {
 	defer b.cancel()
 	res := &result{claimed: len(b.events)}
 	err := pgtx.Run(b.ctx, txBeginner{b.tx}, func(tx pgx.Tx) error {
@@ -383,7 +396,7 @@ func (r *Relay) finish(b *batch, l *leadership) (*result, error) {
 		}
 		var dead []parked
 		var err error
-		res.published, dead, err = r.publish(b.ctx, b.events, l)
+		res.published, dead, err = r.publish(b.ctx, b.events, o, b.ownerEpoch)
 		if err != nil {
 			return err
 		}
