@@ -131,5 +131,5 @@ func TestRunRefusesAnUnknownOrdering(t *testing.T) {
 	res := execRelay(t, relayEnv("DATABASE_URL=postgres://x@127.0.0.1:1/x", "REDIS_URL=redis://127.0.0.1:1"),
 		"run", "--ordering", "sideways")
 	require.NotZero(t, res.code)
-	require.Contains(t, res.stderr, `--ordering: ordering "sideways": must be None or Strict`)
+	require.Contains(t, res.stderr, `--ordering: ordering "sideways": must be None, Strict or PerKey`)
 }

@@ -311,7 +311,8 @@ func (o *ownership) fence(ctx context.Context, tx pgx.Tx, parts []int64) (int64,
 // fencedXAdd is the publish of an ordered relay: one script that refuses an
 // epoch older than the fence of any partition of the batch, raises those
 // fences to this epoch, and adds the entries in order (trimmed like XADD
-// MAXLEN ~ when maxlen > 0; with a key field when withKey is 1).
+// MAXLEN ~ when maxlen > 0; with a key field when withKey is 1). It returns
+// the count added and the last entry's id.
 //
 // KEYS: stream, fence hash. ARGV: epoch, maxlen, withKey, n, n partitions,
 // then the entries' fields.
@@ -330,6 +331,7 @@ for i = 5, 4 + n do redis.call('HSET', KEYS[2], ARGV[i], ARGV[1]) end
 local step = 3
 if withKey then step = 4 end
 local added = 0
+local last = ''
 for i = 5 + n, #ARGV, step do
 	local fields = {'event_id', ARGV[i], 'event_type', ARGV[i+1], 'payload', ARGV[i+2]}
 	if withKey then
@@ -337,13 +339,13 @@ for i = 5 + n, #ARGV, step do
 		fields[8] = ARGV[i+3]
 	end
 	if maxlen > 0 then
-		redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', unpack(fields))
+		last = redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', unpack(fields))
 	else
-		redis.call('XADD', KEYS[1], '*', unpack(fields))
+		last = redis.call('XADD', KEYS[1], '*', unpack(fields))
 	end
 	added = added + 1
 end
-return added
+return {added, last}
 `)
 
 // FenceKey is the Redis hash holding, per key partition, the epoch of the
@@ -381,8 +383,29 @@ func (o *ownership) publishFenced(ctx context.Context, epoch int64, events []out
 	}
 	args = append(args, fields...)
 	stream := o.r.cfg.Stream
-	if err := fencedXAdd.Run(ctx, o.r.rdb, []string{stream, FenceKey(stream)}, args...).Err(); err != nil {
+	// One pipeline, one connection: the script, then WAIT for the replicas
+	// when asked, which counts exactly the script's writes.
+	// XINFO STREAM first, as the unfenced publish does: has the stream gone
+	// back in time since the last batch (streamloss.go)?
+	pipe := o.r.rdb.Pipeline()
+	check := o.r.stream.queueCheck(ctx, pipe, stream)
+	script := fencedXAdd.Eval(ctx, pipe, []string{stream, FenceKey(stream)}, args...)
+	wait := o.r.queueWait(ctx, pipe)
+	_, _ = pipe.Exec(ctx)
+	if err := script.Err(); err != nil {
 		return fmt.Errorf("XADD %s (fenced, epoch %d): %w", stream, epoch, err)
+	}
+	if res, err := script.Slice(); err == nil && len(res) == 2 {
+		n, _ := res[0].(int64)
+		last, _ := res[1].(string)
+		o.r.observe(check, last, int(n))
+	}
+	if err := o.r.checkWait(wait); err != nil {
+		var pe *publishError
+		if errors.As(err, &pe) {
+			return pe.err
+		}
+		return err
 	}
 	return nil
 }
