@@ -70,27 +70,7 @@ func (t *Table) classify(err error) error {
 // text). Nothing is
 // final until tx commits; a rollback returns every row to the outbox.
 func (t *Table) Claim(ctx context.Context, tx Querier, limit int) ([]Event, error) {
-	rows, err := tx.Query(ctx, t.ClaimSQL(), limit)
-	if err != nil {
-		return nil, t.classify(err)
-	}
-	events := make([]Event, 0, limit)
-	for rows.Next() {
-		var id, typ, payload *string
-		var created *time.Time
-		if err := rows.Scan(&id, &typ, &payload, &created); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("scanning claimed row: %w", err)
-		}
-		events = append(events, newEvent(t.columns, id, typ, payload, created))
-	}
-	if err := rows.Err(); err != nil {
-		return nil, t.classify(err)
-	}
-	if len(events) > limit { // the statement's own guarantee, checked: never more than asked
-		return nil, fmt.Errorf("claim returned %d rows for a batch of %d", len(events), limit)
-	}
-	return events, nil
+	return t.claim(ctx, tx, t.ClaimSQL(), false, limit)
 }
 
 // ErrNoKeyColumn: a keyed claim on a table configured without a key column.
@@ -103,7 +83,13 @@ func (t *Table) ClaimKeyed(ctx context.Context, tx Querier, limit, partitions in
 	if t.columns.Key == "" {
 		return nil, ErrNoKeyColumn
 	}
-	rows, err := tx.Query(ctx, t.format(claimKeyedSQL, t.qKey), limit, partitions, owned)
+	return t.claim(ctx, tx, t.ClaimKeyedSQL(), true, limit, partitions, owned)
+}
+
+// claim runs a claim statement and reads its rows; keyed ones end with the
+// key and the partition.
+func (t *Table) claim(ctx context.Context, tx Querier, sql string, keyed bool, limit int, args ...any) ([]Event, error) {
+	rows, err := tx.Query(ctx, sql, append([]any{limit}, args...)...)
 	if err != nil {
 		return nil, t.classify(err)
 	}
@@ -113,7 +99,11 @@ func (t *Table) ClaimKeyed(ctx context.Context, tx Querier, limit, partitions in
 		var created *time.Time
 		var key string
 		var partition int64
-		if err := rows.Scan(&id, &typ, &payload, &created, &key, &partition); err != nil {
+		dest := []any{&id, &typ, &payload, &created}
+		if keyed {
+			dest = append(dest, &key, &partition)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("scanning claimed row: %w", err)
 		}
@@ -124,7 +114,7 @@ func (t *Table) ClaimKeyed(ctx context.Context, tx Querier, limit, partitions in
 	if err := rows.Err(); err != nil {
 		return nil, t.classify(err)
 	}
-	if len(events) > limit {
+	if len(events) > limit { // the statement's own guarantee, checked: never more than asked
 		return nil, fmt.Errorf("claim returned %d rows for a batch of %d", len(events), limit)
 	}
 	return events, nil

@@ -85,3 +85,20 @@ func TestClaimPlanOnPartitions(t *testing.T) {
 		require.NotContains(t, plan, bad, plan)
 	}
 }
+
+// TestKeyedClaimPlan: the claim of ordering PerKey reads the pending index
+// too, and filters on the partition, on a table analyzed while empty.
+func TestKeyedClaimPlan(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{Key: "aggregate_id"})
+	db := connectRelay(t, MustNew("", Columns{}).DDL(DDLOptions{})+`
+		ALTER TABLE outbox_events ADD COLUMN aggregate_id text;
+		ANALYZE outbox_events;
+		INSERT INTO outbox_events (event_type, payload, aggregate_id) SELECT 't', 'p', 'k' || (g % 50) FROM generate_series(1, 5000) g;`)
+	plan := explain(t, db, tbl.ClaimKeyedSQL(), 500, 32, []int64{1, 2, 3})
+	require.Contains(t, plan, "Index Scan using "+tbl.PendingIndexName(), plan)
+	require.Contains(t, plan, "Tid Scan", plan)
+	for _, bad := range []string{"Seq Scan", "Bitmap", "Hash Join", "Merge Join"} {
+		require.NotContains(t, plan, bad, plan)
+	}
+}

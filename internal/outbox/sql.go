@@ -22,9 +22,11 @@ const (
 	// for every row of the batch. RETURNING does not keep the CTE's order,
 	// so the outer SELECT sorts by the same key, with the column's own
 	// collation.
+	//
+	// %[14]s, %[15]s and %[16]s extend it for ordering PerKey (claimKeyed*).
 	claimSQL = `WITH batch AS (
 	SELECT tableoid, ctid FROM %[1]s
-	WHERE %[6]s IS NULL
+	WHERE %[6]s IS NULL%[14]s
 	ORDER BY %[5]s, %[2]s
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED
@@ -33,34 +35,23 @@ const (
 	FROM batch
 	WHERE o.tableoid = batch.tableoid AND o.ctid = batch.ctid
 	RETURNING o.%[2]s AS sort_id, o.%[5]s AS sort_created,
-		o.%[2]s::text AS r_id, o.%[3]s::text AS r_type, o.%[4]s::text AS r_payload, o.%[5]s::timestamptz AS r_created
+		o.%[2]s::text AS r_id, o.%[3]s::text AS r_type, o.%[4]s::text AS r_payload, o.%[5]s::timestamptz AS r_created%[15]s
 )
-SELECT r_id, r_type, r_payload, r_created FROM claimed ORDER BY sort_created, sort_id`
+SELECT r_id, r_type, r_payload, r_created%[16]s FROM claimed ORDER BY sort_created, sort_id`
 
-	// claimKeyedSQL (with %[14]s the key column) is claimSQL for ordering
-	// PerKey: it takes only rows of
-	// the key partitions in $3 (of $2 partitions), and returns each row's key
-	// and partition. A row's partition is a stable hash of its key
-	// (hashtextextended, seed 0; a NULL key counts as the empty string), so
-	// every event of one key is in one partition, drained in order by its
-	// one owner.
-	claimKeyedSQL = `WITH batch AS (
-	SELECT tableoid, ctid FROM %[1]s
-	WHERE %[6]s IS NULL
-		AND (hashtextextended(coalesce(%[14]s::text, ''), 0) & 9223372036854775807) %% $2 = ANY($3::bigint[])
-	ORDER BY %[5]s, %[2]s
-	LIMIT $1
-	FOR UPDATE SKIP LOCKED
-), claimed AS (
-	UPDATE %[1]s AS o SET %[6]s = now()
-	FROM batch
-	WHERE o.tableoid = batch.tableoid AND o.ctid = batch.ctid
-	RETURNING o.%[2]s AS sort_id, o.%[5]s AS sort_created,
-		o.%[2]s::text AS r_id, o.%[3]s::text AS r_type, o.%[4]s::text AS r_payload, o.%[5]s::timestamptz AS r_created,
-		coalesce(o.%[14]s::text, '') AS r_key,
-		(hashtextextended(coalesce(o.%[14]s::text, ''), 0) & 9223372036854775807) %% $2 AS r_partition
-)
-SELECT r_id, r_type, r_payload, r_created, r_key, r_partition FROM claimed ORDER BY sort_created, sort_id`
+	// For ordering PerKey, the claim takes only rows of the key partitions
+	// in $3 (of $2 partitions) and returns each row's key and partition. A
+	// row's partition is a stable hash of its key (hashtextextended, seed
+	// 0; a NULL key counts as the empty string), so every event of one key
+	// is in one partition, drained in order by its one owner. %[14]s is the
+	// key column in these.
+	claimKeyedPartition = `(hashtextextended(coalesce(%[14]s::text, ''), 0) & 9223372036854775807) %% $2`
+	claimKeyedWhere     = `
+		AND ` + claimKeyedPartition + ` = ANY($3::bigint[])`
+	claimKeyedReturning = `,
+		coalesce(o.%[14]s::text, '') AS r_key, ` + claimKeyedPartitionOfO + ` AS r_partition`
+	claimKeyedPartitionOfO = `(hashtextextended(coalesce(o.%[14]s::text, ''), 0) & 9223372036854775807) %% $2`
+	claimKeyedSelect       = `, r_key, r_partition`
 
 	// keyCheckSQL (with %[14]s the key column) reads no row: it fails when
 	// the key column does not exist.
@@ -279,7 +270,13 @@ func (t *Table) format(tmpl string, extra ...any) string {
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // ClaimSQL is the claim statement; $1 is the batch size.
-func (t *Table) ClaimSQL() string { return t.format(claimSQL) }
+func (t *Table) ClaimSQL() string { return t.format(claimSQL, "", "", "") }
+
+// ClaimKeyedSQL is the claim of ordering PerKey; $1 is the batch size, $2
+// the number of key partitions, $3 the partitions to take rows of.
+func (t *Table) ClaimKeyedSQL() string {
+	return t.format(claimSQL, t.format(claimKeyedWhere, t.qKey), t.format(claimKeyedReturning, t.qKey), claimKeyedSelect)
+}
 
 // BacklogSQL counts pending rows and returns the oldest created_at.
 func (t *Table) BacklogSQL() string { return t.format(backlogSQL) }
