@@ -53,6 +53,15 @@ const (
 	// the rows behind them.
 	ConditionDeadLettersClear ConditionType = "DeadLettersClear"
 
+	// ConditionRedisDurable is True when the Redis server that holds the
+	// stream keeps what it acknowledged (a master, no eviction under a
+	// maxmemory, AOF with appendfsync always or everysec), False with a
+	// reason per risk, Unknown when the operator could not check (Redis
+	// unreachable, CONFIG and INFO denied). The operator runs the Redis
+	// checks of `relay doctor` itself. Not part of Ready: the relays keep
+	// publishing; a person decides.
+	ConditionRedisDurable ConditionType = "RedisDurable"
+
 	// ConditionStreamIntact is True when no relay has recorded that the
 	// stream lost entries it had added (a stream reset: Redis restarted
 	// without persistence, was flushed, failed over to a lagging replica or
@@ -144,6 +153,39 @@ const (
 	ReasonStreamReset Reason = "StreamReset"
 )
 
+// Reasons of the RedisDurable condition (the same strings as the reasons
+// of `relay doctor`'s Redis checks).
+const (
+	// ReasonRedisDurable: the server is a master that evicts nothing and
+	// writes an append-only file with appendfsync always or everysec.
+	ReasonRedisDurable Reason = "RedisDurable"
+	// ReasonRedisCheckPending: the Redis checks have not run yet (Unknown).
+	ReasonRedisCheckPending Reason = "RedisCheckPending"
+	// ReasonRedisEvictionUnsafe: maxmemory is set and maxmemory-policy is
+	// not noeviction, so Redis may evict the stream when memory is full.
+	ReasonRedisEvictionUnsafe Reason = "RedisEvictionUnsafe"
+	// ReasonRedisPersistenceOff: neither AOF nor RDB snapshots: a restart
+	// of Redis loses every entry.
+	ReasonRedisPersistenceOff Reason = "RedisPersistenceOff"
+	// ReasonRedisPersistenceWeak: RDB snapshots only: a restart loses the
+	// entries added since the last snapshot.
+	ReasonRedisPersistenceWeak Reason = "RedisPersistenceWeak"
+	// ReasonRedisFsyncLax: AOF with appendfsync no: a crash of the host
+	// loses what the OS had not written yet.
+	ReasonRedisFsyncLax Reason = "RedisFsyncLax"
+	// ReasonRedisReadOnlyReplica: the URL names a replica, which refuses
+	// writes.
+	ReasonRedisReadOnlyReplica Reason = "RedisReadOnlyReplica"
+	// ReasonRedisCheckUnknown: a setting could not be read (CONFIG denied
+	// or renamed, INFO denied): Unknown; the message says how to check by
+	// hand.
+	ReasonRedisCheckUnknown Reason = "RedisCheckUnknown"
+	// ReasonRedisUnreachable: the operator could not reach Redis (Unknown).
+	ReasonRedisUnreachable Reason = "RedisUnreachable"
+	// ReasonRedisAuthFailed: Redis refused the URL's credentials (Unknown).
+	ReasonRedisAuthFailed Reason = "RedisAuthFailed"
+)
+
 // Reasons of Events that are no condition's reason.
 const (
 	// ReasonScaled: the desired number of relays changed.
@@ -156,7 +198,7 @@ func (r Reason) IsFailure() bool {
 	switch r {
 	case ReasonRelaysReady, ReasonSecretsResolved, ReasonBacklogMeasured, ReasonBacklogWithinLimit,
 		ReasonRelaysAvailable, ReasonBacklogCheckPending, ReasonBacklogUnknown, ReasonSuspended,
-		ReasonRelaysProgressing, ReasonScaled, ReasonNoDeadLetters, ReasonNoStreamReset:
+		ReasonRelaysProgressing, ReasonScaled, ReasonNoDeadLetters, ReasonRedisDurable, ReasonRedisCheckPending, ReasonNoStreamReset:
 		return false
 	}
 	return true

@@ -106,11 +106,23 @@ type OutboxColumns struct {
 
 // RedisSpec says where the events go.
 type RedisSpec struct {
-	// urlSecretRef names the Secret key that holds the Redis URL (redis:// or
-	// rediss://). It reaches the relay pods only as the environment variable
-	// REDIS_URL, through a secretKeyRef.
+	// urlSecretRef names the Secret key that holds the Redis URL: redis://
+	// or rediss:// (one server), redis-sentinel:// or rediss-sentinel://
+	// (?master_name=..., more sentinels as &addr=host:port), redis-cluster://
+	// or rediss-cluster:// (more seed nodes as ?addr=host:port); user and
+	// password in the URL (an ACL user). It reaches the relay pods only as
+	// the environment variable REDIS_URL, through a secretKeyRef.
 	// +required
 	URLSecretRef SecretKeyReference `json:"urlSecretRef"`
+
+	// caSecretRef names the Secret key that holds the PEM certificate(s) of
+	// the CA that signed the Redis servers' certificates, for a TLS URL
+	// (rediss://, rediss-sentinel://, rediss-cluster://) whose servers a
+	// private CA signed. It is mounted read-only into the relay pods and
+	// passed as --redis-ca-file; the operator's own Redis checks use it too.
+	// Empty: the system's roots.
+	// +optional
+	CASecretRef *SecretKeyReference `json:"caSecretRef,omitempty"`
 
 	// stream is the Redis stream the relays add the events to.
 	// +optional

@@ -240,6 +240,11 @@ func (in *PostgresSpec) DeepCopy() *PostgresSpec {
 func (in *RedisSpec) DeepCopyInto(out *RedisSpec) {
 	*out = *in
 	out.URLSecretRef = in.URLSecretRef
+	if in.CASecretRef != nil {
+		in, out := &in.CASecretRef, &out.CASecretRef
+		*out = new(SecretKeyReference)
+		**out = **in
+	}
 	if in.WaitTimeout != nil {
 		in, out := &in.WaitTimeout, &out.WaitTimeout
 		*out = new(v1.Duration)

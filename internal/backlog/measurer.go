@@ -20,6 +20,9 @@ type Target struct {
 	DSN string
 	// Table is the relay's outbox table.
 	Table *outbox.Table
+	// Redis, when set, is checked too (redis.go), at most every
+	// Config.RedisInterval.
+	Redis *RedisTarget
 	// Stream, when set, is the relay's stream: the check also reads its
 	// recorded resets not yet replayed (outbox.Backlog.StreamResets).
 	Stream string
@@ -31,7 +34,7 @@ func (t Target) fingerprint() string {
 	c := t.Table.Columns()
 	sum := sha256.Sum256(fmt.Appendf(nil, "%q %q %q %q %q %q %q %q",
 		t.DSN, t.Table.String(), c.ID, c.EventType, c.Payload, c.CreatedAt, c.DispatchedAt, t.Stream))
-	return hex.EncodeToString(sum[:])
+	return hex.EncodeToString(sum[:]) + t.Redis.fingerprint()
 }
 
 // Measurer measures the backlog of one relay's target. It is the seam of the

@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/outbox-dev/outbox-operator/internal/doctor"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
@@ -21,6 +22,10 @@ type Result struct {
 	CheckedAt time.Time
 	// Duration is how long the check took.
 	Duration time.Duration
+	// Redis is the latest run of the Redis checks of the target (kept
+	// across the checks that do not run them); nil before the first, or
+	// when the target has no Redis.
+	Redis *RedisResult
 }
 
 // Observation is what a Prober knows about one relay's backlog.
@@ -50,6 +55,11 @@ type Config struct {
 	Notify func(ctx context.Context, key types.NamespacedName)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// RedisCheck runs the Redis checks of a target that has Redis
+	// (default CheckRedis); RedisInterval is the least time between two
+	// runs for one relay (default DefaultRedisInterval).
+	RedisCheck    func(ctx context.Context, t RedisTarget) doctor.Report
+	RedisInterval time.Duration
 }
 
 // Prober schedules the backlog checks of every relay: at most one at a time
@@ -85,6 +95,12 @@ func NewProber(cfg Config) *Prober {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.RedisCheck == nil {
+		cfg.RedisCheck = CheckRedis
+	}
+	if cfg.RedisInterval <= 0 {
+		cfg.RedisInterval = DefaultRedisInterval
 	}
 	if cfg.Notify == nil {
 		cfg.Notify = func(context.Context, types.NamespacedName) {}
@@ -152,8 +168,10 @@ func (p *Prober) Observe(key types.NamespacedName, target Target, interval time.
 	}
 	e.inFlight = true
 	obs.InFlight = true
+	checkRedis := target.Redis != nil &&
+		(e.last == nil || e.last.Redis == nil || now.Sub(e.last.Redis.CheckedAt) >= p.cfg.RedisInterval)
 	p.wg.Add(1)
-	go p.check(key, target, e.gen)
+	go p.check(key, target, e.gen, checkRedis)
 	return obs
 }
 
@@ -169,10 +187,22 @@ func (p *Prober) delay(interval time.Duration, failures int) time.Duration {
 
 // check runs one measurement and records it, unless the entry was reset or
 // forgotten meanwhile.
-func (p *Prober) check(key types.NamespacedName, target Target, gen uint64) {
+func (p *Prober) check(key types.NamespacedName, target Target, gen uint64, checkRedis bool) {
 	defer p.wg.Done()
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Timeout)
 	defer cancel()
+
+	// The Redis checks run beside the measurement, under the same deadline.
+	var redisRes *RedisResult
+	redisDone := make(chan struct{})
+	go func() {
+		defer close(redisDone)
+		if checkRedis {
+			checks := p.cfg.RedisCheck(ctx, *target.Redis)
+			redisRes = &RedisResult{Checks: checks, CheckedAt: p.cfg.Now()}
+		}
+	}()
+	defer func() { <-redisDone }()
 
 	start := p.cfg.Now()
 	b, err := p.cfg.Measurer.Measure(ctx, key, target)
@@ -183,9 +213,15 @@ func (p *Prober) check(key types.NamespacedName, target Target, gen uint64) {
 		res.Failure = classify(err, p.cfg.Timeout.String(), target.DSN, passwordOf(target.DSN))
 	}
 
+	<-redisDone
+	res.Redis = redisRes
+
 	p.mu.Lock()
 	e, ok := p.entries[key]
 	current := ok && e.gen == gen
+	if current && res.Redis == nil && e.last != nil {
+		res.Redis = e.last.Redis
+	}
 	if current {
 		e.inFlight = false
 		e.last = res

@@ -74,7 +74,7 @@ func RelayDeployment(relay *v1alpha1.OutboxRelay, image, secretHash string, repl
 						annotationDefaultContainer: relayContainerName,
 					},
 				},
-				Spec: podSpec(relay, container),
+				Spec: withRedisCA(relay, podSpec(relay, container)),
 			},
 		},
 	}
@@ -85,6 +85,7 @@ func relayArgs(relay *v1alpha1.OutboxRelay) []string {
 	spec := &relay.Spec
 	args := layoutArgs(relay)
 	args = append(args, "--stream="+spec.Redis.GetStream())
+	args = append(args, redisCAArgs(relay)...) // outboxrelay_redis.go
 	if spec.Redis.DeadLetterStream != "" {
 		args = append(args, "--dead-letter-stream="+spec.Redis.DeadLetterStream)
 	}

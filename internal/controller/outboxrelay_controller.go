@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -228,7 +229,7 @@ func (r *OutboxRelayReconciler) observeBacklog(st *relayState) {
 		return
 	}
 	obs := r.prober.Observe(client.ObjectKeyFromObject(st.relay),
-		backlog.Target{DSN: st.secrets.dsn, Table: st.table, Stream: st.relay.Spec.Redis.GetStream()},
+		backlog.Target{DSN: st.secrets.dsn, Redis: redisTarget(st), Table: st.table, Stream: st.relay.Spec.Redis.GetStream()},
 		st.relay.Spec.Backlog.GetCheckInterval())
 	st.backlog = &obs
 }
@@ -335,11 +336,13 @@ func indexSecretNames(obj client.Object) []string {
 	if !ok {
 		return nil
 	}
-	dsn, url := relay.Spec.Postgres.DSNSecretRef.Name, relay.Spec.Redis.URLSecretRef.Name
-	if dsn == url {
-		return []string{dsn}
+	names := []string{relay.Spec.Postgres.DSNSecretRef.Name}
+	for _, ref := range []*v1alpha1.SecretKeyReference{&relay.Spec.Redis.URLSecretRef, relay.Spec.Redis.CASecretRef} {
+		if ref != nil && !slices.Contains(names, ref.Name) {
+			names = append(names, ref.Name)
+		}
 	}
-	return []string{dsn, url}
+	return names
 }
 
 // relaysForSecret maps a Secret to the OutboxRelays of its namespace that

@@ -48,6 +48,7 @@ func TestController(t *testing.T) {
 		{"BacklogScalesReplicasAndDrains", testBacklogScalesReplicasAndDrains},
 		{"OldRowsAreBacklogStalled", testOldRowsAreBacklogStalled},
 		{"ParkedRowsAreShownApartFromBacklog", testParkedRowsAreShownApartFromBacklog},
+		{"RedisDurableCondition", testRedisDurableCondition}, // outboxrelay_redis_test.go
 		{"SuspendScalesToZero", testSuspendScalesToZero},
 		{"DeploymentDeletedOrEditedIsRestored", testDeploymentDeletedOrEditedIsRestored},
 		{"CronJobDeletedOrEditedIsRestored", testCronJobDeletedOrEditedIsRestored},

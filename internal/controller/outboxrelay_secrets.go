@@ -6,7 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"net/url"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
+	"github.com/outbox-dev/outbox-operator/internal/redisconn"
 )
 
 // resolvedSecrets are the values an OutboxRelay's Secrets hold. They stay in
@@ -24,6 +25,8 @@ import (
 type resolvedSecrets struct {
 	dsn      string
 	redisURL string
+	// redisCA is the PEM CA of spec.redis.caSecretRef; nil when none.
+	redisCA []byte
 	// hash is a keyed hash of both references and values, for the pod
 	// template's AnnotationSecretHash.
 	hash string
@@ -54,6 +57,9 @@ func (r *OutboxRelayReconciler) resolveSecrets(ctx context.Context, relay *v1alp
 		{"spec.postgres.dsnSecretRef", relay.Spec.Postgres.DSNSecretRef},
 		{"spec.redis.urlSecretRef", relay.Spec.Redis.URLSecretRef},
 	}
+	if ca := relay.Spec.Redis.CASecretRef; ca != nil {
+		fields = append(fields, secretField{"spec.redis.caSecretRef", *ca})
+	}
 	names := make([]types.NamespacedName, len(fields))
 	for i, f := range fields {
 		names[i] = types.NamespacedName{Namespace: relay.Namespace, Name: f.ref.Name}
@@ -77,6 +83,9 @@ func (r *OutboxRelayReconciler) resolveSecrets(ctx context.Context, relay *v1alp
 	}
 
 	res := &resolvedSecrets{dsn: values[0], redisURL: values[1]}
+	if len(values) > 2 {
+		res.redisCA = []byte(values[2])
+	}
 	if _, err := pgconn.ParseConfig(res.dsn); err != nil {
 		// The parse error is not quoted: it may hold parts of the DSN.
 		return nil, &failure{v1alpha1.ReasonDSNInvalid, fmt.Sprintf(
@@ -85,8 +94,11 @@ func (r *OutboxRelayReconciler) resolveSecrets(ctx context.Context, relay *v1alp
 	}
 	if !validRedisURL(res.redisURL) {
 		return nil, &failure{v1alpha1.ReasonRedisURLInvalid, fmt.Sprintf(
-			"the value of key %q of Secret %q (spec.redis.urlSecretRef) is not a redis://, rediss:// or unix:// URL",
-			relay.Spec.Redis.URLSecretRef.Key, relay.Spec.Redis.URLSecretRef.Name)}, nil
+			"the value of key %q of Secret %q (spec.redis.urlSecretRef) is not a Redis URL (%s)",
+			relay.Spec.Redis.URLSecretRef.Key, relay.Spec.Redis.URLSecretRef.Name, strings.Join(redisconn.Schemes, ", "))}, nil
+	}
+	if f := checkRedisCA(relay, res); f != nil { // outboxrelay_redis.go
+		return nil, f, nil
 	}
 	res.hash = secretHash(relay, fields, values)
 	return res, nil, nil
@@ -120,17 +132,7 @@ func (r *OutboxRelayReconciler) readSecretKey(ctx context.Context, name types.Na
 
 // validRedisURL reports whether s is a URL the relay's Redis client accepts.
 func validRedisURL(s string) bool {
-	u, err := url.Parse(s)
-	if err != nil {
-		return false
-	}
-	switch u.Scheme {
-	case "redis", "rediss":
-		return u.Host != ""
-	case "unix":
-		return u.Path != ""
-	}
-	return false
+	return redisconn.Valid(s)
 }
 
 // secretHash is an HMAC-SHA256, keyed by the OutboxRelay's UID, of the

@@ -100,6 +100,7 @@ func computeStatus(st *relayState) v1alpha1.OutboxRelayStatus {
 			LastTransitionTime: *metaTime(st.now),
 		})
 	}
+	setRedisDurable(st, &s) // outboxrelay_redis.go; not part of Ready
 	return s
 }
 
@@ -366,6 +367,7 @@ func (w *writtenStatuses) forget(key types.NamespacedName) {
 // Ready reason, parked rows appearing or gone, and a new replica count.
 func (r *OutboxRelayReconciler) recordTransitions(ctx context.Context, relay *v1alpha1.OutboxRelay, old, now *v1alpha1.OutboxRelayStatus) {
 	log := logf.FromContext(ctx)
+	r.recordRedisTransition(ctx, relay, old, now)
 	oldReady := meta.FindStatusCondition(old.Conditions, string(v1alpha1.ConditionReady))
 	ready := meta.FindStatusCondition(now.Conditions, string(v1alpha1.ConditionReady))
 	if ready != nil && (oldReady == nil || oldReady.Reason != ready.Reason || oldReady.Status != ready.Status) {

@@ -138,7 +138,7 @@ func TestComputeStatusReadyChain(t *testing.T) {
 				require.NotNil(t, c, typ)
 				require.Equal(t, string(reason), c.Reason, "%s: %s", typ, c.Message)
 			}
-			require.Len(t, s.Conditions, 7) // StreamIntact too (outboxrelay_stream.go)
+			require.Len(t, s.Conditions, 8) // StreamIntact (outboxrelay_stream.go) and RedisDurable (outboxrelay_redis.go) too
 		})
 	}
 }

@@ -87,6 +87,9 @@ func Parse(raw string) (*Target, error) {
 	}
 	switch u.Scheme {
 	case "redis", "rediss", "unix":
+		if u.Scheme == "unix" && u.Path == "" || u.Scheme != "unix" && u.Host == "" {
+			return nil, errInvalid("no host (or socket path)")
+		}
 		o, err := redis.ParseURL(raw)
 		if err != nil {
 			return nil, errInvalid("go-redis refused it (check the host, port, database number and query parameters)")
@@ -194,7 +197,7 @@ func (o Options) TLSConfig() (*tls.Config, error) {
 		}
 		pem = b
 	}
-	if len(pem) > 0 {
+	if o.CAFile != "" || len(pem) > 0 {
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
 			return nil, errors.New("the Redis CA holds no PEM certificate")
