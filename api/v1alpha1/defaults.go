@@ -21,20 +21,23 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/outbox-dev/outbox-operator/pkg/contract"
 )
 
 // The defaults the API server applies (the +kubebuilder:default markers of
-// outboxrelay_types.go; a test checks that the generated CRD agrees). The
+// outboxrelay_types.go; a test checks that the generated CRD agrees, and
+// pkg/contract's test that the table and stream defaults are the contract's). The
 // getters below apply them too, so that code handed an object that never
 // went through the API server (a unit test's fixture) sees the same values.
 const (
-	DefaultTable                       = "outbox_events"
-	DefaultIDColumn                    = "id"
-	DefaultEventTypeColumn             = "event_type"
-	DefaultPayloadColumn               = "payload"
-	DefaultCreatedAtColumn             = "created_at"
-	DefaultDispatchedAtColumn          = "dispatched_at"
-	DefaultStream                      = "jobs"
+	DefaultTable                       = contract.DefaultTable
+	DefaultIDColumn                    = contract.DefaultIDColumn
+	DefaultEventTypeColumn             = contract.DefaultEventTypeColumn
+	DefaultPayloadColumn               = contract.DefaultPayloadColumn
+	DefaultCreatedAtColumn             = contract.DefaultCreatedAtColumn
+	DefaultDispatchedAtColumn          = contract.DefaultDispatchedAtColumn
+	DefaultStream                      = contract.DefaultStream
 	DefaultRelayBatchSize        int32 = 500
 	DefaultPollInterval                = 500 * time.Millisecond
 	DefaultLogLevel                    = "info"
@@ -126,5 +129,6 @@ func (c *OutboxColumns) GetColumns() OutboxColumns {
 		Payload:      cmp.Or(c.Payload, DefaultPayloadColumn),
 		CreatedAt:    cmp.Or(c.CreatedAt, DefaultCreatedAtColumn),
 		DispatchedAt: cmp.Or(c.DispatchedAt, DefaultDispatchedAtColumn),
+		Key:          c.Key,
 	}
 }

@@ -9,16 +9,18 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-dev/outbox-operator/pkg/contract"
 )
 
 // Default names of the outbox layout that the reference implementation uses.
 const (
-	DefaultTable              = "outbox_events"
-	DefaultIDColumn           = "id"
-	DefaultEventTypeColumn    = "event_type"
-	DefaultPayloadColumn      = "payload"
-	DefaultCreatedAtColumn    = "created_at"
-	DefaultDispatchedAtColumn = "dispatched_at"
+	DefaultTable              = contract.DefaultTable
+	DefaultIDColumn           = contract.DefaultIDColumn
+	DefaultEventTypeColumn    = contract.DefaultEventTypeColumn
+	DefaultPayloadColumn      = contract.DefaultPayloadColumn
+	DefaultCreatedAtColumn    = contract.DefaultCreatedAtColumn
+	DefaultDispatchedAtColumn = contract.DefaultDispatchedAtColumn
 )
 
 // maxIdentifierLength is PostgreSQL's NAMEDATALEN-1: longer names are

@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/pkg/contract"
 )
 
 // Defaults of Config.
 const (
-	DefaultStream           = "jobs"
+	DefaultStream           = contract.DefaultStream
 	DefaultBatchSize        = 500
 	DefaultPollInterval     = 500 * time.Millisecond
 	DefaultBusyPollInterval = 5 * time.Millisecond
@@ -141,7 +142,7 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	c.Stream = cmp.Or(c.Stream, DefaultStream)
-	c.DeadLetterStream = cmp.Or(c.DeadLetterStream, c.Stream+".dead")
+	c.DeadLetterStream = cmp.Or(c.DeadLetterStream, contract.DeadLetterStream(c.Stream))
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.BusyPollInterval = min(cmp.Or(c.BusyPollInterval, DefaultBusyPollInterval), c.PollInterval)

@@ -12,17 +12,18 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/pkg/contract"
 )
 
 // Field names of a stream entry (DESIGN.md: the stream entry).
 const (
-	FieldEventID   = "event_id"
-	FieldEventType = "event_type"
-	FieldPayload   = "payload"
+	FieldEventID   = contract.FieldEventID
+	FieldEventType = contract.FieldEventType
+	FieldPayload   = contract.FieldPayload
 	// FieldError is set on dead-letter entries only.
-	FieldError = "error"
+	FieldError = contract.FieldError
 	// FieldKey is the row's key, on entries of ordering PerKey only.
-	FieldKey = "key"
+	FieldKey = contract.FieldKey
 )
 
 // publishError marks a failure on the Redis side of a pass.

@@ -12,11 +12,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	ioutbox "github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/pkg/contract"
 )
 
 // Defaults of Config.
 const (
-	DefaultStream         = "jobs"
+	DefaultStream         = contract.DefaultStream
 	DefaultGroup          = "workers"
 	DefaultBatchSize      = 10
 	DefaultBlock          = 2 * time.Second
@@ -94,7 +95,7 @@ func (c Config) withDefaults(getenv func(string) string, hostname func() (string
 	c.MinIdle = cmp.Or(c.MinIdle, DefaultMinIdle)
 	c.ClaimInterval = cmp.Or(c.ClaimInterval, DefaultClaimInterval)
 	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
-	c.DeadLetterStream = cmp.Or(c.DeadLetterStream, c.Stream+".dead")
+	c.DeadLetterStream = cmp.Or(c.DeadLetterStream, contract.DeadLetterStream(c.Stream))
 	c.ProcessedTable = cmp.Or(c.ProcessedTable, DefaultProcessedTable)
 	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, DefaultHandlerTimeout)
 	c.MinBackoff = cmp.Or(c.MinBackoff, DefaultMinBackoff)

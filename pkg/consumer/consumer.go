@@ -13,16 +13,19 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outbox-dev/outbox-operator/pkg/contract"
 )
 
-// Field names of a stream entry, and the extra ones of a dead-letter entry.
+// Field names of a stream entry, and the extra ones of a dead-letter entry
+// (pkg/contract is their one home).
 const (
-	FieldEventID    = "event_id"
-	FieldEventType  = "event_type"
-	FieldPayload    = "payload"
-	FieldError      = "error"
-	FieldStreamID   = "stream_id"
-	FieldDeliveries = "deliveries"
+	FieldEventID    = contract.FieldEventID
+	FieldEventType  = contract.FieldEventType
+	FieldPayload    = contract.FieldPayload
+	FieldError      = contract.FieldError
+	FieldStreamID   = contract.FieldStreamID
+	FieldDeliveries = contract.FieldDeliveries
 )
 
 // Handler runs the side effects of one event inside tx, the transaction

@@ -43,11 +43,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	ioutbox "github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/pkg/contract"
 )
 
 // DefaultTable is the table Write uses, with the default column names id,
 // event_type, payload, created_at and dispatched_at.
-const DefaultTable = "outbox_events"
+const DefaultTable = contract.DefaultTable
 
 // ErrInvalidIdentifier is returned (wrapped) by NewWriter for a table or
 // column name that is not a plain identifier: letters, digits and
