@@ -1,6 +1,11 @@
 package consumer
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // The SQL of the consumer; %[1]s is the quoted processed-events table.
 const (
@@ -13,7 +18,16 @@ const (
 	event_id     text PRIMARY KEY,
 	processed_at timestamptz NOT NULL DEFAULT now()
 );
+CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (processed_at);
 `
+
+	// cleanupProcessedSQL deletes one batch of rows processed before $1:
+	// at most $2, skipping rows another transaction holds, the predicate
+	// repeated under the row lock.
+	cleanupProcessedSQL = `WITH doomed AS (
+	SELECT event_id FROM %[1]s WHERE processed_at < $1 ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED
+)
+DELETE FROM %[1]s AS p USING doomed WHERE p.event_id = doomed.event_id AND p.processed_at < $1`
 )
 
 // ProcessedTableDDL returns the idempotent statement that creates the
@@ -27,5 +41,17 @@ func ProcessedTableDDL(table string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf(processedTableDDL, q), nil
+	name := table[strings.LastIndex(table, ".")+1:]
+	index := pgx.Identifier{processedIndexName(name)}.Sanitize()
+	return fmt.Sprintf(processedTableDDL, q, index), nil
+}
+
+// processedIndexName names the index on processed_at (which cleanup
+// uses), within the 63-byte limit.
+func processedIndexName(table string) string {
+	const suffix = "_processed_at_idx"
+	if len(table)+len(suffix) > 63 {
+		table = table[:63-len(suffix)]
+	}
+	return table + suffix
 }
