@@ -66,6 +66,7 @@ type PostgresSpec struct {
 // OutboxColumns names the columns of the outbox table.
 //
 // +kubebuilder:validation:XValidation:rule="[has(self.id) ? self.id : 'id', has(self.eventType) ? self.eventType : 'event_type', has(self.payload) ? self.payload : 'payload', has(self.createdAt) ? self.createdAt : 'created_at', has(self.dispatchedAt) ? self.dispatchedAt : 'dispatched_at'].all(c, [has(self.id) ? self.id : 'id', has(self.eventType) ? self.eventType : 'event_type', has(self.payload) ? self.payload : 'payload', has(self.createdAt) ? self.createdAt : 'created_at', has(self.dispatchedAt) ? self.dispatchedAt : 'dispatched_at'].filter(d, d == c).size() == 1)",message="columns must name five different columns"
+// +kubebuilder:validation:XValidation:rule="!has(self.key) || ![has(self.id) ? self.id : 'id', has(self.eventType) ? self.eventType : 'event_type', has(self.payload) ? self.payload : 'payload', has(self.createdAt) ? self.createdAt : 'created_at', has(self.dispatchedAt) ? self.dispatchedAt : 'dispatched_at'].exists(c, c == self.key)",message="columns.key must name a column other than the five others"
 type OutboxColumns struct {
 	// id is the event's identity; any type that casts to text.
 	// +optional
@@ -102,6 +103,16 @@ type OutboxColumns struct {
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z_][A-Za-z0-9_]*$')",message="must be a column name: letters, digits and underscores, not starting with a digit"
 	DispatchedAt string `json:"dispatchedAt,omitempty"`
+
+	// key is the column whose value orders events per key with ordering
+	// PerKey (the aggregate id: an order, an account); any type that casts
+	// to text. It is hashed into the key partitions the relays own, and each
+	// stream entry then carries it as a field "key". No default: required
+	// by, and only used with, ordering PerKey.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z_][A-Za-z0-9_]*$')",message="must be a column name: letters, digits and underscores, not starting with a digit"
+	Key string `json:"key,omitempty"`
 }
 
 // RedisSpec says where the events go.
@@ -346,6 +357,7 @@ type BacklogSpec struct {
 }
 
 // OutboxRelaySpec is the desired state of an OutboxRelay.
+// +kubebuilder:validation:XValidation:rule="!has(self.ordering) || self.ordering != 'PerKey' || has(self.postgres.columns.key)",message="ordering PerKey needs postgres.columns.key: the column whose events are ordered per value"
 type OutboxRelaySpec struct {
 	// postgres says where the outbox table is.
 	// +required
@@ -388,8 +400,11 @@ type OutboxRelaySpec struct {
 	// that take over within seconds, a rollout hands over without overlap,
 	// and the stream receives the events in (created_at, id) order of the
 	// rows committed when they are claimed; extra replicas add standbys, not
-	// throughput. Changing it rolls the relays; until the old pods are gone
-	// the old mode's promise applies. docs/relay.md, "Ordering".
+	// throughput. PerKey: the same promise per value of postgres.columns.key,
+	// with many relays: the keys are hashed into 32 partitions, each owned
+	// and drained in order by one relay at a time, rebalanced as the
+	// Deployment scales. Changing it rolls the relays; until the old pods
+	// are gone the old mode's promise applies. docs/relay.md, "Ordering".
 	// +optional
 	// +kubebuilder:default=None
 	Ordering Ordering `json:"ordering,omitempty"`
@@ -397,7 +412,7 @@ type OutboxRelaySpec struct {
 
 // Ordering is what the relays of an OutboxRelay promise about the order of
 // the stream.
-// +kubebuilder:validation:Enum=None;Strict
+// +kubebuilder:validation:Enum=None;Strict;PerKey
 type Ordering string
 
 // The orderings.
@@ -406,6 +421,9 @@ const (
 	OrderingNone Ordering = "None"
 	// OrderingStrict runs one fenced leader; the stream is in claim order.
 	OrderingStrict Ordering = "Strict"
+	// OrderingPerKey runs fenced owners of key partitions; each key's events
+	// are in claim order.
+	OrderingPerKey Ordering = "PerKey"
 )
 
 // OutboxRelayStatus is the observed state of an OutboxRelay.

@@ -162,6 +162,10 @@ func TestRelayDeploymentOrdering(t *testing.T) {
 	}
 	relay.Spec.Ordering = v1alpha1.OrderingStrict
 	require.Contains(t, RelayDeployment(relay, testImage, "h", 1).Spec.Template.Spec.Containers[0].Args, "--ordering=Strict")
+	relay.Spec.Ordering = v1alpha1.OrderingPerKey
+	relay.Spec.Postgres.Columns.Key = "aggregate_id"
+	args := RelayDeployment(relay, testImage, "h", 1).Spec.Template.Spec.Containers[0].Args
+	require.Subset(t, args, []string{"--ordering=PerKey", "--key-column=aggregate_id"})
 }
 
 func TestRelayDeploymentIsDeterministic(t *testing.T) {

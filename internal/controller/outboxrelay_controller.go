@@ -204,7 +204,7 @@ func (r *OutboxRelayReconciler) resolve(ctx context.Context, st *relayState) err
 	pg := &st.relay.Spec.Postgres
 	c := pg.Columns.GetColumns()
 	table, err := outbox.New(pg.GetTable(), outbox.Columns{
-		ID: c.ID, EventType: c.EventType, Payload: c.Payload, CreatedAt: c.CreatedAt, DispatchedAt: c.DispatchedAt,
+		ID: c.ID, EventType: c.EventType, Payload: c.Payload, CreatedAt: c.CreatedAt, DispatchedAt: c.DispatchedAt, Key: c.Key,
 	})
 	if err != nil {
 		st.specFailure = &failure{v1alpha1.ReasonInvalidSpec, "spec.postgres: " + err.Error()}

@@ -30,7 +30,7 @@ const (
 // its columns and the logging format.
 func layoutArgs(relay *v1alpha1.OutboxRelay) []string {
 	c := relay.Spec.Postgres.Columns.GetColumns()
-	return []string{
+	args := []string{
 		"--table=" + relay.Spec.Postgres.GetTable(),
 		"--id-column=" + c.ID,
 		"--event-type-column=" + c.EventType,
@@ -40,6 +40,10 @@ func layoutArgs(relay *v1alpha1.OutboxRelay) []string {
 		"--log-level=" + relay.Spec.Relay.GetLogLevel(),
 		"--log-format=json",
 	}
+	if c.Key != "" {
+		args = append(args, "--key-column="+c.Key)
+	}
+	return args
 }
 
 // secretEnv is an environment variable read from a Secret key: the only way
