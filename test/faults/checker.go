@@ -12,6 +12,7 @@ import (
 type Committed struct {
 	ID        string
 	CreatedAt time.Time
+	Key       string // the key column's value, for ordering PerKey ("" without one)
 }
 
 // Report is the checker's verdict on one run.
