@@ -36,6 +36,11 @@ type producerConfig struct {
 	events int        // rows in total
 	rate   float64    // rows per second, all connections together
 	insert insertFunc // the statement of one transaction
+	// insertFor, when set, gives connection i its own statement instead of
+	// insert (e.g. rows of the keys that connection owns).
+	insertFor func(conn int) insertFunc
+	// maxRows bounds the rows of one transaction (1 to maxRows); 0 means 20.
+	maxRows int
 }
 
 // producers write outbox rows from several connections, 1 to 20 rows a
@@ -70,8 +75,16 @@ func startProducers(t testing.TB, cfg producerConfig) *producers {
 			defer p.wg.Done()
 			defer func() { _ = conn.Close(context.Background()) }()
 			rng := rand.New(rand.NewPCG(uint64(start.UnixNano()), uint64(i)))
+			insert := cfg.insert
+			if cfg.insertFor != nil {
+				insert = cfg.insertFor(i)
+			}
+			maxRows := cfg.maxRows
+			if maxRows <= 0 {
+				maxRows = 20
+			}
 			for {
-				n := int64(1 + rng.IntN(20))
+				n := int64(1 + rng.IntN(maxRows))
 				end := p.reserved.Add(n)
 				if over := end - int64(cfg.events); over > 0 {
 					n -= over
@@ -85,7 +98,7 @@ func startProducers(t testing.TB, cfg producerConfig) *producers {
 				if !sleepUntil(ctx, due) {
 					return
 				}
-				rows, err := p.transaction(ctx, conn, rng, cfg.insert, int(n))
+				rows, err := p.transaction(ctx, conn, rng, insert, int(n))
 				if err != nil {
 					if ctx.Err() == nil {
 						p.fail(err)
@@ -112,11 +125,7 @@ func (p *producers) transaction(ctx context.Context, conn *pgx.Conn, rng *rand.R
 	if err != nil {
 		return nil, err
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Committed, error) {
-		var c Committed
-		err := row.Scan(&c.ID, &c.CreatedAt)
-		return c, err
-	})
+	out, err := pgx.CollectRows(rows, scanCommitted)
 	if err != nil {
 		return nil, err
 	}
@@ -124,6 +133,22 @@ func (p *producers) transaction(ctx context.Context, conn *pgx.Conn, rng *rand.R
 		return nil, err
 	}
 	return out, nil
+}
+
+// scanCommitted scans a row returned as id::text, created_at and, when the
+// statement returns a third column, the key as text (NULL: "").
+func scanCommitted(row pgx.CollectableRow) (Committed, error) {
+	var c Committed
+	if len(row.FieldDescriptions()) < 3 {
+		err := row.Scan(&c.ID, &c.CreatedAt)
+		return c, err
+	}
+	var key *string
+	err := row.Scan(&c.ID, &c.CreatedAt, &key)
+	if key != nil {
+		c.Key = *key
+	}
+	return c, err
 }
 
 func (p *producers) record(rows []Committed) {

@@ -45,3 +45,25 @@ func checkStream(t testing.TB, rdb *redis.Client, stream string, committed []Com
 	t.Helper()
 	return Check(committed, streamEventIDs(t, rdb, stream, 1000))
 }
+
+// streamEntries reads the whole stream with XRANGE, in pages of 1000, and
+// returns each entry's event_id and key field in stream order.
+func streamEntries(t testing.TB, rdb *redis.Client, stream string) []Entry {
+	t.Helper()
+	var out []Entry
+	start := "-"
+	const count = 1000
+	for {
+		page, err := rdb.XRangeN(t.Context(), stream, start, "+", count).Result()
+		require.NoError(t, err, "XRANGE %s", stream)
+		for _, m := range page {
+			id, _ := m.Values["event_id"].(string)
+			key, _ := m.Values["key"].(string)
+			out = append(out, Entry{EventID: id, Key: key})
+		}
+		if len(page) < count {
+			return out
+		}
+		start = "(" + page[len(page)-1].ID
+	}
+}
