@@ -155,6 +155,9 @@ type Backlog struct {
 	// DeadLetters is the count of parked rows (in the dead-letter table),
 	// which Count leaves out; 0 when that table does not exist.
 	DeadLetters int64 `json:"deadLetters"`
+	// Capped reports that Count is a lower bound: BacklogUpTo stopped
+	// counting at its limit.
+	Capped bool `json:"capped,omitempty"`
 	// StreamResets are the recorded resets of a stream not yet replayed,
 	// when the measure was asked for a stream (replay.go); nil otherwise.
 	StreamResets *PendingResets `json:"streamResets,omitempty"`
@@ -171,8 +174,24 @@ func (b Backlog) Age(now time.Time) time.Duration {
 // Backlog counts the pending rows, finds the oldest and counts the parked
 // ones.
 func (t *Table) Backlog(ctx context.Context, q Querier) (Backlog, error) {
+	return t.BacklogUpTo(ctx, q, 0)
+}
+
+// BacklogUpTo is Backlog with the count of pending rows stopped at limit:
+// past it, Count is limit and Capped is set. A limit of 0 or less counts
+// every row.
+func (t *Table) BacklogUpTo(ctx context.Context, q Querier, limit int64) (Backlog, error) {
 	var b Backlog
-	if err := q.QueryRow(ctx, t.BacklogSQL()).Scan(&b.Count, &b.Oldest); err != nil {
+	var err error
+	if limit > 0 {
+		err = q.QueryRow(ctx, t.BacklogUpToSQL(), limit+1).Scan(&b.Count, &b.Oldest)
+		if b.Count > limit {
+			b.Count, b.Capped = limit, true
+		}
+	} else {
+		err = q.QueryRow(ctx, t.BacklogSQL()).Scan(&b.Count, &b.Oldest)
+	}
+	if err != nil {
 		return Backlog{}, t.classify(err)
 	}
 	if t.columns.Key != "" { // a missing key column shows here, not only in the relays' logs

@@ -70,6 +70,19 @@ func TestBacklog(t *testing.T) {
 	require.NotNil(t, b.Oldest)
 	require.True(t, oldest.Equal(*b.Oldest), "oldest %s", b.Oldest)
 	require.Equal(t, time.Hour, b.Age(oldest.Add(time.Hour)))
+
+	// Counting stops at the limit; the oldest is still the oldest.
+	for limit, want := range map[int64]Backlog{
+		1: {Count: 1, Capped: true, Oldest: b.Oldest},
+		2: {Count: 2, Oldest: b.Oldest},
+		5: {Count: 2, Oldest: b.Oldest},
+	} {
+		got, err := tbl.BacklogUpTo(ctx, db, limit)
+		require.NoError(t, err)
+		require.Equal(t, want.Count, got.Count, "limit %d", limit)
+		require.Equal(t, want.Capped, got.Capped, "limit %d", limit)
+		require.True(t, oldest.Equal(*got.Oldest), "limit %d", limit)
+	}
 }
 
 func TestTimestampWithoutTimeZoneIsReadAsUTC(t *testing.T) {

@@ -61,6 +61,13 @@ SELECT r_id, r_type, r_payload, r_created%[16]s FROM claimed ORDER BY sort_creat
 	// index both are index-only over the pending rows.
 	backlogSQL = `SELECT count(*), min(%[5]s)::timestamptz FROM %[1]s WHERE %[6]s IS NULL`
 
+	// backlogUpToSQL counts at most $1 pending rows and finds the oldest:
+	// the count stops at $1, so a huge backlog is still a number within the
+	// statement timeout, and min() is one step of the partial index.
+	backlogUpToSQL = `SELECT
+	(SELECT count(*) FROM (SELECT 1 FROM %[1]s WHERE %[6]s IS NULL LIMIT $1) AS pending),
+	(SELECT min(%[5]s) FROM %[1]s WHERE %[6]s IS NULL)::timestamptz`
+
 	// cleanupSQL deletes up to $2 rows dispatched more than $1 seconds ago.
 	// Rows locked by someone else are skipped, so cleanup never waits on a
 	// relay. Rows are joined back by (tableoid, ctid), unique across
@@ -280,6 +287,10 @@ func (t *Table) ClaimKeyedSQL() string {
 
 // BacklogSQL counts pending rows and returns the oldest created_at.
 func (t *Table) BacklogSQL() string { return t.format(backlogSQL) }
+
+// BacklogUpToSQL counts at most $1 pending rows and returns the oldest
+// created_at.
+func (t *Table) BacklogUpToSQL() string { return t.format(backlogUpToSQL) }
 
 // CleanupSQL deletes a bounded batch; $1 is the retention in seconds, $2
 // the batch size.
