@@ -27,7 +27,7 @@ func newSchemaCommand(c *common) *cobra.Command {
 				return err
 			}
 			return withPool(cmd.Context(), c, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
-				if _, err := db.Exec(ctx, ddl); err != nil {
+				if err := t.ApplyDDL(ctx, db, ddl); err != nil {
 					return fmt.Errorf("applying schema of %s: %w", t, err)
 				}
 				_, err := fmt.Fprintf(cmd.OutOrStdout(), "applied schema of %s\n", t)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-dev/outbox-operator/internal/pgtx"
 )
 
 // ErrDeadLetterTableNotFound: a row had to be parked and the dead-letter
@@ -93,17 +95,11 @@ func (t *Table) classifyDeadLetters(err error) error {
 	return err
 }
 
-// EnsureDeadLetterTable creates the dead-letter table if it is missing.
-// Relays starting at once may race to create it; the loser's error is
-// ignored.
-func (t *Table) EnsureDeadLetterTable(ctx context.Context, q Querier) error {
-	_, err := q.Exec(ctx, t.format(deadLetterDDL))
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") { // unique_violation, duplicate_table
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("creating dead-letter table %s: %w", t.DeadLetterTable(), t.classify(err))
+// EnsureDeadLetterTable creates the dead-letter table if it is missing
+// (ApplyDDL).
+func (t *Table) EnsureDeadLetterTable(ctx context.Context, db pgtx.Beginner) error {
+	if err := t.ApplyDDL(ctx, db, t.DeadLetterDDL()); err != nil {
+		return fmt.Errorf("creating dead-letter table %s: %w", t.DeadLetterTable(), err)
 	}
 	return nil
 }

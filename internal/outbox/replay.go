@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-dev/outbox-operator/internal/pgtx"
 )
 
 // StreamResetsTableName is the name of the table, beside the outbox table,
@@ -43,17 +45,11 @@ type StreamReset struct {
 	Reason string
 }
 
-// EnsureStreamResetsTable creates the stream-resets table if it is missing.
-// Relays starting at once may race to create it; the loser's error is
-// ignored.
-func (t *Table) EnsureStreamResetsTable(ctx context.Context, q Querier) error {
-	_, err := q.Exec(ctx, t.StreamResetsDDL())
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") { // unique_violation, duplicate_table
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("creating stream-resets table %s: %w", t.StreamResetsTable(), t.classify(err))
+// EnsureStreamResetsTable creates the stream-resets table if it is missing
+// (ApplyDDL).
+func (t *Table) EnsureStreamResetsTable(ctx context.Context, db pgtx.Beginner) error {
+	if err := t.ApplyDDL(ctx, db, t.StreamResetsDDL()); err != nil {
+		return fmt.Errorf("creating stream-resets table %s: %w", t.StreamResetsTable(), err)
 	}
 	return nil
 }

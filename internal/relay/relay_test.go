@@ -348,8 +348,8 @@ func TestMissingTableIsReportedAndRetried(t *testing.T) {
 		return strings.Contains(logs.String(), "Outbox table not found")
 	})
 	require.Error(t, r.Ready())
-	_, err = b.db.Exec(context.Background(), b.table.DDL(outbox.DDLOptions{}))
-	require.NoError(t, err)
+	// Under the schema lock: the relay creates its side tables meanwhile.
+	require.NoError(t, b.table.ApplyDDL(context.Background(), b.db, b.table.DDL(outbox.DDLOptions{})))
 	waitFor(t, "ready once the table exists", func() bool { return r.Ready() == nil })
 	require.NoError(t, stop())
 	require.Contains(t, logs.String(), `table=outbox_events`)
