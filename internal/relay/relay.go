@@ -220,16 +220,20 @@ func (r *Relay) publisher(ctx context.Context, p *pipe, o *ownership) {
 			continue
 		}
 		_, err := r.finish(b, o)
-		p.tokens <- struct{}{}
 		r.setErr(err)
 		if err == nil {
+			p.tokens <- struct{}{}
 			r.recovered()
 			continue
 		}
-		p.epoch.Add(1) // after finish rolled the failed batch back
+		// After finish rolled the failed batch back, and before its token
+		// returns: the claimer's next claim waits out the backoff, and
+		// whatever was claimed before now is rolled back unpublished.
+		p.epoch.Add(1)
 		failures := int(r.failures.Add(1))
 		pause := r.retryDelay(err, failures)
 		p.resume.Store(time.Now().Add(pause).UnixNano())
+		p.tokens <- struct{}{}
 		r.report(err, failures, pause)
 	}
 }
