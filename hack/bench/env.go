@@ -264,8 +264,24 @@ const warmUp = time.Second
 // commit-to-XADD time plus Redis's delivery to the reader (sub-millisecond on
 // loopback), so an upper bound of the relay's own latency.
 func (e *benchEnv) latency(ctx context.Context, rate int, d time.Duration, notify bool) (latencyResult, error) {
+	return e.latencyWith(ctx, rate, d, latencyOptions{notify: notify})
+}
+
+// latencyOptions vary a latency run: the NOTIFY trigger, and an ordering
+// mode (its relays, flags and keyed rows) instead of one default relay.
+type latencyOptions struct {
+	notify bool
+	mode   *modeConfig
+}
+
+// latencyWith is latency with options.
+func (e *benchEnv) latencyWith(ctx context.Context, rate int, d time.Duration, opts latencyOptions) (latencyResult, error) {
+	notify := opts.notify
 	res := latencyResult{notify: notify, offered: rate}
 	if err := e.load(ctx, 0); err != nil {
+		return res, err
+	}
+	if err := e.rdb.Del(ctx, stream+":fence").Err(); err != nil {
 		return res, err
 	}
 	// load analyzed the empty table; with autovacuum off those statistics
@@ -286,12 +302,27 @@ func (e *benchEnv) latency(ctx context.Context, rate int, d time.Duration, notif
 			return res, err
 		}
 	}
-	relays, err := e.startRelays(1)
+	procs, args := 1, []string(nil)
+	insertSQL := `INSERT INTO outbox_events (event_type, payload)
+					SELECT 'order_created', ` + payloadSQL + ` FROM (SELECT $1::int AS g) s RETURNING id::text`
+	if opts.mode != nil {
+		procs, args = opts.mode.relays, opts.mode.args()
+		insertSQL = `INSERT INTO outbox_events (event_type, payload, ` + keyColumn + `)
+					SELECT 'order_created', ` + payloadSQL + `, 'agg-' || (g % ` + strconv.Itoa(keyCount) + `)
+					FROM (SELECT $1::int AS g) s RETURNING id::text`
+	}
+	relays, err := e.startRelays(procs, args...)
 	if err != nil {
 		return res, err
 	}
 	defer stopAll(relays)
-	time.Sleep(time.Second) // let the relay connect (and LISTEN)
+	if opts.mode != nil {
+		if err := e.settle(ctx, *opts.mode); err != nil {
+			return res, err
+		}
+	} else {
+		time.Sleep(time.Second) // let the relay connect (and LISTEN)
+	}
 
 	var mu sync.Mutex
 	committed := map[string]time.Time{}
@@ -314,8 +345,7 @@ func (e *benchEnv) latency(ctx context.Context, rate int, d time.Duration, notif
 			for i := w; i < total; i += workers {
 				time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
 				var id string
-				err := e.db.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload)
-					SELECT 'order_created', `+payloadSQL+` FROM (SELECT $1::int AS g) s RETURNING id::text`, i).Scan(&id)
+				err := e.db.QueryRow(ctx, insertSQL, i).Scan(&id)
 				if err != nil {
 					errs <- err
 					return
@@ -346,7 +376,9 @@ func (e *benchEnv) latency(ctx context.Context, rate int, d time.Duration, notif
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	res.rssMiB = peakRSSMiB(relays[0].Process.Pid)
+	for _, r := range relays {
+		res.rssMiB = max(res.rssMiB, peakRSSMiB(r.Process.Pid))
+	}
 	stopReading()
 	if err := <-readerDone; err != nil && ctx.Err() == nil && readCtx.Err() == nil {
 		return res, err

@@ -41,11 +41,16 @@ type options struct {
 	repeat     int
 	chart      string
 	relayBin   string
+	sections   map[string]bool
+	modes      []modeConfig
 }
+
+// sectionNames are the parts of the benchmark, in the order they run.
+var sectionNames = []string{"raw", "throughput", "latency", "modes"}
 
 func main() {
 	var o options
-	var batches, procs, inFlight string
+	var batches, procs, inFlight, sections, modes string
 	flag.IntVar(&o.rows, "rows", 100_000, "rows drained per throughput run")
 	flag.StringVar(&batches, "batch-sizes", "100,500,1000", "batch sizes to measure")
 	flag.StringVar(&procs, "procs", "1,2", "relay process counts to measure")
@@ -55,9 +60,26 @@ func main() {
 	flag.IntVar(&o.repeat, "repeat", 3, "runs per configuration; the median is reported")
 	flag.StringVar(&o.chart, "chart", "docs/benchmarks-relay.png", "PNG chart to write; empty: none")
 	flag.StringVar(&o.relayBin, "relay", "", "relay binary (default: built from ./cmd/relay)")
+	flag.StringVar(&sections, "sections", strings.Join(sectionNames, ","),
+		"parts to run: raw (claim rate), throughput (the batch/process matrix), latency, modes (the ordering modes)")
+	flag.StringVar(&modes, "modes", "None:1,Strict:2,PerKey:1,PerKey:4",
+		"ordering modes to measure, each ordering:relays (Strict:2 is one active relay and one standby)")
 	flag.Parse()
 	var err error
-	if o.batchSizes, err = ints(batches); err == nil {
+	o.sections = map[string]bool{}
+	for _, s := range strings.Split(sections, ",") {
+		if s = strings.TrimSpace(s); s != "" && !slices.Contains(sectionNames, s) {
+			err = fmt.Errorf("-sections: unknown section %q (known: %s)", s, strings.Join(sectionNames, ","))
+		}
+		o.sections[s] = true
+	}
+	if err == nil {
+		o.modes, err = parseModes(modes)
+	}
+	if err == nil {
+		o.batchSizes, err = ints(batches)
+	}
+	if err == nil {
 		o.procs, err = ints(procs)
 	}
 	if err == nil {
@@ -122,6 +144,9 @@ func run(ctx context.Context, o options) (err error) {
 	report.machine = machine()
 	report.rows = o.rows
 	for _, conns := range []int{1, 2} {
+		if !o.sections["raw"] {
+			break
+		}
 		rate, err := median(o.repeat, func() (float64, error) { return env.rawClaimRate(ctx, o.rows, 500, conns) })
 		if err != nil {
 			return err
@@ -130,6 +155,9 @@ func run(ctx context.Context, o options) (err error) {
 		logf("raw claim, batch 500, %d connection(s): %.0f rows/s", conns, rate)
 	}
 	for _, inFlight := range o.inFlight {
+		if !o.sections["throughput"] {
+			break
+		}
 		for _, batch := range o.batchSizes {
 			for _, procs := range o.procs {
 				// The raw claim rate is measured again right before each
@@ -159,6 +187,9 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}
 	for _, notify := range []bool{false, true} {
+		if !o.sections["latency"] {
+			break
+		}
 		res, err := env.latency(ctx, o.rate, o.duration, notify)
 		if err != nil {
 			return err
@@ -166,10 +197,16 @@ func run(ctx context.Context, o options) (err error) {
 		report.latency = append(report.latency, res)
 		logf("latency, %d events/s offered, notify=%t: p50 %s p99 %s", o.rate, notify, res.p50, res.p99)
 	}
+	if o.sections["modes"] {
+		if report.modes, err = env.runModes(ctx, o, o.modes); err != nil {
+			return err
+		}
+		report.rate = o.rate
+	}
 	if err := report.print(os.Stdout); err != nil {
 		return err
 	}
-	if o.chart != "" {
+	if o.chart != "" && len(report.throughput) > 0 {
 		if err := report.chart(o.chart); err != nil {
 			return err
 		}

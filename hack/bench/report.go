@@ -19,41 +19,84 @@ type report struct {
 	raw        []rawResult
 	throughput []throughputResult
 	latency    []latencyResult
+	modes      []modeResult
+	rate       int // offered load of the mode latency runs
 }
 
 // print writes the report to w in one write: the tables are built in memory.
 func (r *report) print(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nMachine: %s\n\n", r.machine)
-	fmt.Fprintf(&b, "Raw claim rate (PostgreSQL alone: claim statement + commit, no Redis), %d rows:\n\n", r.rows)
-	fmt.Fprintln(&b, "| connections | batch | rows/s |")
-	fmt.Fprintln(&b, "| ---: | ---: | ---: |")
-	for _, x := range r.raw {
-		fmt.Fprintf(&b, "| %d | %d | %.0f |\n", x.conns, x.batch, x.rate)
+	if len(r.raw) > 0 {
+		r.printRaw(&b)
 	}
-	fmt.Fprintf(&b, "\nRelay throughput, %d rows drained by `relay run` (median of runs; \"of raw\" compares with the raw claim rate\n"+
+	if len(r.throughput) > 0 {
+		r.printThroughput(&b)
+	}
+	if len(r.latency) > 0 {
+		r.printLatency(&b)
+	}
+	if len(r.modes) > 0 {
+		r.printModes(&b)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func (r *report) printRaw(b *strings.Builder) {
+	fmt.Fprintf(b, "Raw claim rate (PostgreSQL alone: claim statement + commit, no Redis), %d rows:\n\n", r.rows)
+	fmt.Fprintln(b, "| connections | batch | rows/s |")
+	fmt.Fprintln(b, "| ---: | ---: | ---: |")
+	for _, x := range r.raw {
+		fmt.Fprintf(b, "| %d | %d | %.0f |\n", x.conns, x.batch, x.rate)
+	}
+	fmt.Fprintln(b)
+}
+
+func (r *report) printModes(b *strings.Builder) {
+	fmt.Fprintf(b, "Ordering modes: events/s draining %d rows committed at once (batch %d, median of runs, after the\n"+
+		"relays settled their key partitions), and latency from commit to the stream at %d events/s offered, polling\n"+
+		"alone, after a %s warm-up; rows keyed over %d keys:\n\n", r.rows, r.modes[0].batch, r.rate, warmUp, keyCount)
+	fmt.Fprintln(b, "| mode | relays | events/s | runs | p50 | p99 | max | achieved ev/s | peak RSS (MiB) |")
+	fmt.Fprintln(b, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+	for _, x := range r.modes {
+		runs := make([]string, len(x.runs))
+		for i, v := range x.runs {
+			runs[i] = strconv.FormatFloat(v, 'f', 0, 64)
+		}
+		fmt.Fprintf(b, "| %s | %d | %.0f | %s | %s | %s | %s | %.0f | %.1f |\n", modeLabel(x.mode), x.mode.relays, x.rate,
+			strings.Join(runs, ", "), ms(x.latency.p50), ms(x.latency.p99), ms(x.latency.max), x.latency.achieved,
+			max(x.rssMiB, x.latency.rssMiB))
+	}
+}
+
+func (r *report) printThroughput(b *strings.Builder) {
+	fmt.Fprintf(b, "Relay throughput, %d rows drained by `relay run` (median of runs; \"of raw\" compares with the raw claim rate\n"+
 		"measured right before each run with the same batch size, on as many connections as relay processes):\n\n", r.rows)
-	fmt.Fprintln(&b, "| batch | processes | in flight | events/s | of raw claim rate | peak RSS (MiB) |")
-	fmt.Fprintln(&b, "| ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintln(b, "| batch | processes | in flight | events/s | of raw claim rate | peak RSS (MiB) |")
+	fmt.Fprintln(b, "| ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, x := range r.throughput {
-		fmt.Fprintf(&b, "| %d | %d | %d | %.0f | %.0f%% | %.1f |\n", x.batch, x.procs, x.inFlight, x.rate,
+		fmt.Fprintf(b, "| %d | %d | %d | %.0f | %.0f%% | %.1f |\n", x.batch, x.procs, x.inFlight, x.rate,
 			100*x.ofRaw, x.rssMiB)
 	}
-	fmt.Fprintf(&b, "\nLatency from commit of the outbox row to the entry in the stream, one relay, default flags, "+
+	fmt.Fprintln(b)
+}
+
+func (r *report) printLatency(b *strings.Builder) {
+	fmt.Fprintf(b, "Latency from commit of the outbox row to the entry in the stream, one relay, default flags, "+
 		"after a %s warm-up, on a table analyzed while empty and kept so (autovacuum off):\n", warmUp)
-	fmt.Fprintln(&b)
-	fmt.Fprintln(&b, "| wake-up | offered ev/s | achieved ev/s | events | p50 | p99 | max | peak RSS (MiB) |")
-	fmt.Fprintln(&b, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintln(b)
+	fmt.Fprintln(b, "| wake-up | offered ev/s | achieved ev/s | events | p50 | p99 | max | peak RSS (MiB) |")
+	fmt.Fprintln(b, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, x := range r.latency {
 		mode := "polling"
 		if x.notify {
 			mode = "NOTIFY trigger"
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %d | %s | %s | %s | %.1f |\n", mode, x.offered, x.achieved, x.events,
+		fmt.Fprintf(b, "| %s | %d | %.0f | %d | %s | %s | %s | %.1f |\n", mode, x.offered, x.achieved, x.events,
 			ms(x.p50), ms(x.p99), ms(x.max), x.rssMiB)
 	}
-	_, err := io.WriteString(w, b.String())
-	return err
+	fmt.Fprintln(b)
 }
 
 func ms(d time.Duration) string {
