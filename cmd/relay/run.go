@@ -22,9 +22,9 @@ import (
 )
 
 type runOptions struct {
-	ordering      string
-	leaderTimeout time.Duration
-	partitions    int
+	ordering                 string
+	leaderTimeout            time.Duration
+	partitions               int
 	stream, deadLetterStream string
 	batchSize                int
 	inFlight                 int
@@ -241,9 +241,9 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		return fmt.Errorf("--ordering: %w", err)
 	}
 	cfg := relay.Config{
-		Ordering:      ordering,
-		LeaderTimeout: o.leaderTimeout,
-		Partitions:    o.partitions,
+		Ordering:            ordering,
+		LeaderTimeout:       o.leaderTimeout,
+		Partitions:          o.partitions,
 		Table:               table,
 		Stream:              o.stream,
 		DeadLetterStream:    o.deadLetterStream,
