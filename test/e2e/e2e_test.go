@@ -119,6 +119,11 @@ spec:
 			{"e2e-bad-retention", base("e2e-bad-retention", `  cleanup: {retention: 10s}`), "cleanup.retention must be between 1m and 8760h"},
 			{"e2e-bad-stream", strings.Replace(base("e2e-bad-stream", ""), "stream: e2e-invalid", `stream: "a b"`, 1), "must be a stream name"},
 			{long, base(long, ""), "metadata.name must be at most 44 characters"},
+			{"e2e-bad-perkey", base("e2e-bad-perkey", "  ordering: PerKey"), "ordering PerKey needs postgres.columns.key"},
+			{"e2e-bad-key", strings.Replace(base("e2e-bad-key", "  ordering: PerKey"), "key: dsn}", "key: dsn}, columns: {key: payload}", 1),
+				"columns.key must name a column other than the five others"},
+			{"e2e-bad-key-renamed", inPostgres("e2e-bad-key-renamed", "columns: {id: event_id, key: event_id}"),
+				"columns.key must name a column other than the five others"},
 		} {
 			By("kubectl apply of " + c.name)
 			out, err := kubectlIn(c.manifest, "-n", namespace, "apply", "-f", "-")
@@ -390,6 +395,10 @@ spec:
 		counts := streamCounts(stream, set(values(events)))
 		Expect(counts).To(HaveLen(len(orders)))
 	})
+
+	// Issue 12: Strict across a rollout, PerKey during a scale-up, each on
+	// an OutboxRelay, table and stream of its own (ordering_test.go).
+	orderingScenarios()
 
 	// 7b and 6: a second OutboxRelay, on a table of its own so that it never
 	// takes the sample's events.
