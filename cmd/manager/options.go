@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
@@ -32,6 +34,9 @@ const defaultImageRepository = "ghcr.io/outbox-dev/outbox-operator"
 type options struct {
 	kubeconfig              string
 	metricsAddr             string
+	metricsSecure           bool
+	metricsCertDir          string
+	enableHTTP2             bool
 	probeAddr               string
 	leaderElect             bool
 	leaderElectionNamespace string
@@ -51,8 +56,18 @@ func parseFlags(args []string, getenv func(string) string) (options, error) {
 	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
 		"Path to a kubeconfig; empty means $KUBECONFIG, else the in-cluster config, else ~/.kube/config.")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080",
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443",
 		"Address of the Prometheus /metrics endpoint; 0 disables it.")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true,
+		"Serve /metrics over HTTPS to clients the API server authenticates (TokenReview) and authorizes "+
+			"(SubjectAccessReview: get on the non-resource URL /metrics, as the metrics-reader ClusterRole grants); "+
+			"false serves plain HTTP to anyone.")
+	fs.StringVar(&o.metricsCertDir, "metrics-cert-dir", "",
+		"Directory with tls.crt and tls.key for the metrics endpoint (reloaded when they change); "+
+			"empty: a self-signed certificate generated at start.")
+	fs.BoolVar(&o.enableHTTP2, "enable-http2", false,
+		"Serve the metrics endpoint over HTTP/2 as well; off because of the HTTP/2 Stream Cancellation "+
+			"and Rapid Reset vulnerabilities (CVE-2023-44487, CVE-2023-39325).")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081",
 		"Address of the /healthz and /readyz endpoints.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false,
@@ -141,7 +156,7 @@ func managerOptions(o options) ctrl.Options {
 		Scheme:                        newScheme(),
 		Cache:                         controller.CacheOptions(o.watchNamespaces),
 		Client:                        controller.ClientOptions(),
-		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
+		Metrics:                       metricsOptions(o),
 		HealthProbeBindAddress:        o.probeAddr,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              leaderElectionID,
@@ -149,3 +164,22 @@ func managerOptions(o options) ctrl.Options {
 		LeaderElectionReleaseOnCancel: true,
 	}
 }
+
+// metricsOptions serves /metrics as kubebuilder v4 scaffolds it: HTTPS, each
+// request authenticated and authorized by the API server, HTTP/1.1 only
+// unless --enable-http2.
+func metricsOptions(o options) metricsserver.Options {
+	m := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure}
+	if !o.metricsSecure {
+		return m
+	}
+	m.FilterProvider = filters.WithAuthenticationAndAuthorization
+	m.CertDir = o.metricsCertDir
+	if !o.enableHTTP2 {
+		m.TLSOpts = append(m.TLSOpts, disableHTTP2)
+	}
+	return m
+}
+
+// disableHTTP2 offers only HTTP/1.1 in the TLS handshake.
+func disableHTTP2(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }
