@@ -20,6 +20,8 @@ import (
 //	outbox_operator_relay_ready_replicas                   ready relay pods
 //	outbox_operator_relay_last_backlog_check_timestamp_seconds
 //	outbox_operator_relay_ready                            1 when the Ready condition is True
+//	outbox_operator_relay_stalled_after_seconds            spec.backlog.stalledAfter
+//	outbox_operator_relay_condition{type,status,reason}    1 per condition, with its status and reason
 //
 // A relay's series disappear when it is deleted. The age is computed when
 // Prometheus scrapes, so it grows between checks as the row waits.
@@ -30,7 +32,7 @@ type RelayMetrics struct {
 	mu     sync.Mutex
 	relays map[types.NamespacedName]relaySample
 
-	backlog, age, deadLetters, desired, ready, lastCheck, isReady *prometheus.Desc
+	backlog, age, deadLetters, desired, ready, lastCheck, isReady, stalledAfter, condition *prometheus.Desc
 }
 
 // relaySample is what the gauges of one relay report.
@@ -42,7 +44,13 @@ type relaySample struct {
 	desired     int32
 	ready       int32
 	isReady     bool
+	// stalledAfter is kept across Set (SetStalledAfter); 0: not known.
+	stalledAfter time.Duration
+	conditions   []conditionSample
 }
+
+// conditionSample is one condition's type, status and reason.
+type conditionSample struct{ typ, status, reason string }
 
 var _ prometheus.Collector = (*RelayMetrics)(nil)
 
@@ -63,6 +71,11 @@ func NewRelayMetrics() *RelayMetrics {
 		ready:       desc("ready_replicas", "Ready relay pods."),
 		lastCheck:   desc("last_backlog_check_timestamp_seconds", "Unix time of the last successful backlog check."),
 		isReady:     desc("ready", "1 when the OutboxRelay's Ready condition is True, else 0."),
+		stalledAfter: desc("stalled_after_seconds",
+			"spec.backlog.stalledAfter: the age of the oldest pending row past which the backlog counts as stalled."),
+		condition: prometheus.NewDesc("outbox_operator_relay_condition",
+			"1 for each condition of the OutboxRelay's status, labelled with its type, status (True, False, Unknown) and reason.",
+			append(labels, "type", "status", "reason"), nil),
 	}
 }
 
@@ -84,10 +97,22 @@ func (m *RelayMetrics) Set(key types.NamespacedName, s v1alpha1.OutboxRelayStatu
 		if c.Type == string(v1alpha1.ConditionReady) {
 			sample.isReady = c.Status == "True"
 		}
+		sample.conditions = append(sample.conditions, conditionSample{c.Type, string(c.Status), c.Reason})
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	sample.stalledAfter = m.relays[key].stalledAfter
 	m.relays[key] = sample
+}
+
+// SetStalledAfter records a relay's spec.backlog.stalledAfter, which alerts
+// compare the age of the oldest pending row with.
+func (m *RelayMetrics) SetStalledAfter(key types.NamespacedName, d time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.relays[key]
+	s.stalledAfter = d
+	m.relays[key] = s
 }
 
 // Delete removes a relay's series.
@@ -99,7 +124,7 @@ func (m *RelayMetrics) Delete(key types.NamespacedName) {
 
 // Describe implements prometheus.Collector.
 func (m *RelayMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.backlog, m.age, m.deadLetters, m.desired, m.ready, m.lastCheck, m.isReady} {
+	for _, d := range []*prometheus.Desc{m.backlog, m.age, m.deadLetters, m.desired, m.ready, m.lastCheck, m.isReady, m.stalledAfter, m.condition} {
 		ch <- d
 	}
 }
@@ -135,5 +160,11 @@ func (m *RelayMetrics) Collect(ch chan<- prometheus.Metric) {
 			ready = 1
 		}
 		gauge(m.isReady, ready)
+		if s.stalledAfter > 0 {
+			gauge(m.stalledAfter, s.stalledAfter.Seconds())
+		}
+		for _, c := range s.conditions {
+			ch <- prometheus.MustNewConstMetric(m.condition, prometheus.GaugeValue, 1, append(l[:2:2], c.typ, c.status, c.reason)...)
+		}
 	}
 }

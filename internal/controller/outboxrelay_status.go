@@ -312,6 +312,7 @@ func (r *OutboxRelayReconciler) updateStatus(ctx context.Context, st *relayState
 	status := computeStatus(st)
 	if r.Metrics != nil {
 		r.Metrics.Set(client.ObjectKeyFromObject(relay), status)
+		r.Metrics.SetStalledAfter(client.ObjectKeyFromObject(relay), relay.Spec.Backlog.GetStalledAfter())
 	}
 	if equality.Semantic.DeepEqual(relay.Status, status) {
 		return nil
