@@ -110,9 +110,15 @@ envtest: ## Provide kube-apiserver and etcd for envtest (download, else build fr
 GO_TEST_FLAGS ?= -race -count=1 -timeout 20m
 
 .PHONY: test
-test: manifests generate fmt vet test-deps helm kustomize ## Run every test: unit, integration (real PostgreSQL and Redis) and envtest.
+test: manifests generate fmt vet test-deps helm kustomize promtool ## Run every test: unit, integration (real PostgreSQL and Redis), envtest, the alerts (promtool) and the dashboard.
 	KUBEBUILDER_ASSETS="$$(ENVTEST_K8S_VERSION=$(ENVTEST_K8S_VERSION) LOCALBIN=$(LOCALBIN) hack/setup-envtest.sh)" \
 		go test $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/e2e) -coverprofile cover.out
+	$(MAKE) --no-print-directory test-monitoring
+
+# test/monitoring is a module of its own (the Prometheus module stays out of the product's go.mod).
+.PHONY: test-monitoring
+test-monitoring: promtool ## Test the alerts (promtool test rules) and the dashboard's queries (test/monitoring).
+	cd test/monitoring && PROMTOOL="$(PROMTOOL)" go test -count=1 ./...
 
 # FAULTS_SCALE=full runs the fault suite at the sizes of issue #10 (default: the CI slice).
 FAULTS_FLAGS ?= -count=1 -v -parallel 2 -timeout 30m
@@ -221,7 +227,7 @@ undeploy: kustomize ## Remove the operator (CRD included) from the cluster. igno
 ##@ Helm
 
 .PHONY: helm-sync
-helm-sync: ## Copy the generated CRD and manager rules into the chart (run by manifests).
+helm-sync: ## Copy the generated CRD and manager rules, the alerts and the dashboard into the chart (run by manifests).
 	@[ "$$(grep -c '^kind:' config/rbac/role.yaml)" = 1 ] && grep -q '^kind: ClusterRole$$' config/rbac/role.yaml || { \
 		echo "helm-sync: config/rbac/role.yaml must hold exactly one ClusterRole; teach $(CHART)/templates/rbac.yaml about the rest." >&2; exit 1; }
 	@mkdir -p "$(CHART)/files" "$(CHART)/templates/crds"
@@ -231,6 +237,14 @@ helm-sync: ## Copy the generated CRD and manager rules into the chart (run by ma
 	@for f in config/crd/bases/*.yaml; do \
 		awk -v src="$$f" -f charts/crd-to-template.awk "$$f" > "$(CHART)/templates/crds/$$(basename "$$f")"; \
 	done
+	@{ echo "# Generated from config/prometheus/alerts.yaml by 'make helm-sync' (run by 'make manifests'). DO NOT EDIT."; \
+		sed -n '/^groups:/,$$p' config/prometheus/alerts.yaml; } > "$(CHART)/files/alerts.yaml"
+	@{ echo "# Generated from alerts.yaml by 'make helm-sync' (run by 'make manifests'). DO NOT EDIT."; \
+		echo "# The alerts as a Prometheus Operator PrometheusRule (config/prometheus/kustomization.yaml)."; \
+		printf 'apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata:\n  name: alerts\n  namespace: system\n'; \
+		printf '  labels:\n    app.kubernetes.io/name: outbox-operator\n    app.kubernetes.io/managed-by: kustomize\nspec:\n'; \
+		sed -n '/^groups:/,$$p' config/prometheus/alerts.yaml | sed 's/^\(.\)/  \1/'; } > config/prometheus/prometheus_rule.yaml
+	@cp config/grafana/outbox-operator.json "$(CHART)/files/dashboard.json"
 
 .PHONY: helm-lint
 helm-lint: helm-sync helm ## Lint the chart with its default values and with each ci/*-values.yaml of the chart.
@@ -254,12 +268,16 @@ CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 KUSTOMIZE ?= $(LOCALBIN)/kustomize
 HELM ?= $(LOCALBIN)/helm
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
+PROMTOOL ?= $(LOCALBIN)/promtool
 
 ## Tool versions. kustomize v5.8.2 is the newest whose go.mod accepts Go 1.26.
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 KUSTOMIZE_VERSION ?= v5.8.2
 HELM_VERSION ?= v3.22.0
 GOLANGCI_LINT_VERSION ?= v2.15.0
+# PROMETHEUS_VERSION is the Go module version of Prometheus whose promtool tests
+# the alerting rules (Prometheus v3.16.0 is module version v0.316.0).
+PROMETHEUS_VERSION ?= v0.316.0
 
 .PHONY: controller-gen
 controller-gen: $(CONTROLLER_GEN) ## Download controller-gen locally if necessary.
@@ -283,6 +301,11 @@ helm: $(HELM) ## Build helm locally if necessary (a few minutes the first time).
 $(HELM): export GOFLAGS = "-ldflags=$(strip $(HELM_LDFLAGS))"
 $(HELM): $(LOCALBIN)
 	$(call go-install-tool,$(HELM),helm.sh/helm/v3/cmd/helm,$(HELM_VERSION))
+
+.PHONY: promtool
+promtool: $(PROMTOOL) ## Build promtool locally if necessary (a few minutes the first time): `promtool test rules` of the alerts.
+$(PROMTOOL): $(LOCALBIN)
+	$(call go-install-tool,$(PROMTOOL),github.com/prometheus/prometheus/cmd/promtool,$(PROMETHEUS_VERSION))
 
 .PHONY: golangci-lint
 golangci-lint: $(GOLANGCI_LINT) ## Download golangci-lint locally if necessary.
