@@ -64,16 +64,28 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 		kinds                    []string
 	}{{
 		name: "Defaults", release: "outbox-operator", namespace: "outbox-system",
-		kinds: []string{"ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+		kinds: []string{"ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole",
+			"ClusterRoleBinding", "ClusterRoleBinding", "CustomResourceDefinition",
 			"Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"},
 	}, {
 		name: "WatchNamespaces", release: "ops", namespace: "platform", values: []string{"ci/namespaced-values.yaml"},
-		kinds: []string{"CustomResourceDefinition", "Deployment", "Role", "Role", "Role",
+		kinds: []string{"ClusterRole", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Role", "Role", "Role",
 			"RoleBinding", "RoleBinding", "RoleBinding", "Service", "ServiceAccount"},
 	}, {
 		name: "ServiceMonitor", release: "monitored", namespace: "monitoring-test", values: []string{"ci/servicemonitor-values.yaml"},
-		kinds: []string{"ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+		kinds: []string{"ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole",
+			"ClusterRoleBinding", "ClusterRoleBinding", "CustomResourceDefinition",
 			"Deployment", "Role", "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"},
+	}, {
+		name: "Monitoring", release: "outbox-operator", namespace: "outbox-system", values: []string{"ci/monitoring-values.yaml"},
+		kinds: []string{"ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole",
+			"ClusterRoleBinding", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition",
+			"Deployment", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "PodMonitor", "PrometheusRule",
+			"Role", "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"},
+	}, {
+		name: "MetricsInsecure", release: "plain", namespace: "plain-system",
+		set:   []string{"metrics.secure=false", "metrics.serviceMonitor.enabled=true", "rbac.aggregateToDefaultRoles=false"},
+		kinds: []string{"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"},
 	}, {
 		name: "Minimal", release: "bare", namespace: "bare-system",
 		set: []string{
@@ -210,7 +222,10 @@ func TestChartManagerDeployment(t *testing.T) {
 		require.Equal(t, []string{"/manager"}, c.Command)
 		require.Equal(t, []string{"--leader-elect=true"}, argsWithPrefix(c, "--leader-elect"))
 		require.Equal(t, []string{"--log-level=info"}, argsWithPrefix(c, "--log-level"))
-		require.Equal(t, []string{"--metrics-bind-address=:8080"}, argsWithPrefix(c, "--metrics-bind-address"))
+		require.Equal(t, []string{"--metrics-bind-address=:8443"}, argsWithPrefix(c, "--metrics-bind-address"))
+		require.Equal(t, []string{"--metrics-secure=true"}, argsWithPrefix(c, "--metrics-secure"))
+		require.Empty(t, argsWithPrefix(c, "--metrics-cert-dir"), "a self-signed certificate by default")
+		require.Empty(t, argsWithPrefix(c, "--enable-http2"), "HTTP/2 off by default")
 		require.Equal(t, "outbox-operator", d.Spec.Template.Spec.ServiceAccountName)
 		require.Equal(t, int32(1), *d.Spec.Replicas)
 
@@ -341,6 +356,10 @@ func TestChartRejectsInvalidValues(t *testing.T) {
 		"MetricsOnHealthPort":  {[]string{"metrics.port=8081"}, "metrics.port"},
 		"ReplicasNoLeader":     {[]string{"replicaCount=2", "leaderElection.enabled=false"}, "needs leaderElection.enabled"},
 		"ServiceAccountNoName": {[]string{"serviceAccount.create=false"}, "serviceAccount.name is required"},
+		"NetworkPolicyNoDatabases": {[]string{"networkPolicy.manager.enabled=true"}, "name PostgreSQL and Redis"},
+		"RelayPolicyNoNamespaces": {[]string{"networkPolicy.relays.enabled=true", "networkPolicy.postgres.to[0].ipBlock.cidr=10.0.0.0/8",
+			"networkPolicy.redis.to[0].ipBlock.cidr=10.0.0.0/8"}, "needs networkPolicy.relays.namespaces"},
+		"RunbookURL": {[]string{"prometheusRule.runbookBaseURL=runbooks"}, "runbookBaseURL"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

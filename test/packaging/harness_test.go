@@ -211,8 +211,8 @@ var apiServer struct {
 }
 
 // cluster returns a client of the shared API server, which has the
-// OutboxRelay CRD (config/crd/bases) and a cut-down ServiceMonitor CRD
-// (testdata) installed.
+// OutboxRelay CRD (config/crd/bases) and cut-down ServiceMonitor, PodMonitor
+// and PrometheusRule CRDs (testdata) installed.
 func cluster(t testing.TB) client.Client {
 	t.Helper()
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
@@ -229,6 +229,8 @@ func cluster(t testing.TB) client.Client {
 			CRDDirectoryPaths: []string{
 				filepath.Join(repoRoot, "config", "crd", "bases"),
 				filepath.Join("testdata", "servicemonitor-crd.yaml"),
+				filepath.Join("testdata", "podmonitor-crd.yaml"),
+				filepath.Join("testdata", "prometheusrule-crd.yaml"),
 			},
 			ErrorIfCRDPathMissing: true,
 		}

@@ -78,7 +78,8 @@ func TestInstallerManager(t *testing.T) {
 	svc := find(t, objs, "Service", "outbox-operator-controller-manager-metrics-service")
 	selector, _, _ := unstructured.NestedStringMap(svc.Object, "spec", "selector")
 	require.Equal(t, d.Spec.Selector.MatchLabels, selector)
-	require.Equal(t, []string{"--metrics-bind-address=:8080"}, argsWithPrefix(c, "--metrics-bind-address"))
+	require.Equal(t, []string{"--metrics-bind-address=:8443"}, argsWithPrefix(c, "--metrics-bind-address"))
+	requireMetricsRBAC(t, objs, "outbox-operator-", "outbox-operator-controller-manager", "outbox-operator-system")
 }
 
 // `make build-installer IMG=...` sets the manager's image, and with it the
@@ -100,13 +101,19 @@ func TestInstallerImageOverride(t *testing.T) {
 }
 
 // config/prometheus, which config/default leaves out unless uncommented, is a
-// valid ServiceMonitor for the installer's metrics Service.
+// valid ServiceMonitor for the installer's metrics Service, a PodMonitor for
+// the relays and the alerts' PrometheusRule.
 func TestInstallerServiceMonitor(t *testing.T) {
 	t.Parallel()
 	objs := kustomizeBuild(t, "config/prometheus")
 	sm := find(t, objs, "ServiceMonitor", "controller-manager-metrics-monitor")
-	sm.SetNamespace("outbox-operator-system")
-	dryRunApply(t, []*unstructured.Unstructured{sm})
+	find(t, objs, "PodMonitor", "relays")
+	find(t, objs, "PrometheusRule", "alerts")
+	for _, o := range objs {
+		o.SetNamespace("outbox-operator-system")
+	}
+	dryRunApply(t, objs)
+	requireMonitors(t, sm, find(t, objs, "PodMonitor", "relays"))
 
 	svcs := kustomizeBuild(t, "config/default")
 	svc := find(t, svcs, "Service", "outbox-operator-controller-manager-metrics-service")

@@ -195,10 +195,13 @@ func TestChartRBACMatchesMarkers(t *testing.T) {
 			require.NotNil(t, b, "RoleBinding in %s", ns)
 			requireBinding(t, b, "Role", "outbox-relays-operator-manager-role", "outbox-operator-sa", "platform")
 		}
-		// Nothing cluster-wide but the CRD (aggregateToDefaultRoles is off there).
+		// Nothing cluster-wide but the CRD (aggregateToDefaultRoles is off
+		// there) and the metrics endpoint's authentication and authorization
+		// (TokenReviews and SubjectAccessReviews are cluster-scoped).
 		for _, o := range objs {
-			if o.GetNamespace() == "" {
-				require.Equal(t, "CustomResourceDefinition", o.GetKind(), "cluster-scoped %s %s", o.GetKind(), o.GetName())
+			if o.GetNamespace() == "" && o.GetKind() != "CustomResourceDefinition" {
+				require.Contains(t, []string{"outbox-relays-operator-metrics-auth-role", "outbox-relays-operator-metrics-auth-rolebinding",
+					"outbox-relays-operator-metrics-reader"}, o.GetName(), "cluster-scoped %s %s", o.GetKind(), o.GetName())
 			}
 		}
 		requireLeaderElectionRole(t, objs, "outbox-operator-sa", "platform")
@@ -286,5 +289,5 @@ func TestChartUserRolesAggregate(t *testing.T) {
 
 	objs, err = helmTemplate(t, "outbox-operator", "outbox-system", nil, "rbac.aggregateToDefaultRoles=false")
 	require.NoError(t, err)
-	require.Len(t, ofKind(objs, "ClusterRole"), 1, "only the manager's ClusterRole")
+	require.Len(t, ofKind(objs, "ClusterRole"), 3, "only the manager's ClusterRole and the metrics endpoint's two")
 }
