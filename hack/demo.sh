@@ -7,11 +7,13 @@
 #   3. installs the operator with helm from charts/outbox-operator
 #   4. applies the sample (hack/localcluster/demo: config/samples with the
 #      host's PostgreSQL and Redis behind the Services postgres and redis)
-#   5. places a few orders, prints `kubectl get outboxrelays` and the worker's
-#      log lines, and the KUBECONFIG to use next
+#   5. places a few orders, waits (bounded) until the OutboxRelay is Ready with
+#      a backlog of 0 counted after them, prints `kubectl get outboxrelays` and
+#      the worker's log lines, and the KUBECONFIG to use next
 #
 # Idempotent: a second run reuses what runs. `make demo-down` removes it all.
-# Environment: LOCAL_CLUSTER_DIR (state dir), HELM, KUBECTL, ORDERS (default 3).
+# Environment: LOCAL_CLUSTER_DIR (state dir), HELM, KUBECTL, ORDERS (default 3),
+# DEMO_WAIT (seconds to wait for the OutboxRelay's final state, default 120).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -90,8 +92,30 @@ for _ in $(seq 1 60); do
 done
 "$KUBECTL" -n "$NS" logs deploy/worker | grep 'sending confirmation email' || echo "(none yet: kubectl logs deploy/worker)" >&2
 
+# The state the demo promises: the OutboxRelay Ready, and a backlog of 0
+# counted after the orders went out. The backlog is counted every
+# spec.backlog.checkInterval (30s in the sample), so this waits for the
+# next check, at most DEMO_WAIT seconds.
+say "Waiting for the OutboxRelay: Ready, and a backlog of 0 counted after the orders"
+relayed=$(date -u +%s)
+deadline=$((relayed + ${DEMO_WAIT:-120}))
+while :; do
+	state=$("$KUBECTL" -n "$NS" get outboxrelay orders \
+		-o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.status.backlog} {.status.lastBacklogCheckTime}' 2>/dev/null || true)
+	read -r ready backlog checked <<<"$state" || true
+	if [ "${ready:-}" = True ] && [ "${backlog:-}" = 0 ] && [ -n "${checked:-}" ] &&
+		[ "$(date -u -d "$checked" +%s)" -ge "$relayed" ]; then
+		break
+	fi
+	if [ "$(date -u +%s)" -ge "$deadline" ]; then
+		echo "The OutboxRelay orders is not Ready with a backlog of 0 after ${DEMO_WAIT:-120}s (Ready=${ready:-?}, backlog=${backlog:-?}, checked ${checked:-never}):" >&2
+		"$KUBECTL" -n "$NS" describe outboxrelay orders >&2 || true
+		exit 1
+	fi
+	sleep 2
+done
+
 say "kubectl get outboxrelays"
-# The backlog is counted every spec.backlog.checkInterval (30s by default).
 "$KUBECTL" -n "$NS" get outboxrelays
 
 say "Done. Use the cluster with:"

@@ -55,6 +55,12 @@ type Config struct {
 	Notify func(ctx context.Context, key types.NamespacedName)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// FirstRetry is the delay after a failed check of a target that has
+	// never been measured, doubling with each failure up to the check
+	// interval (default 2s): a new relay, or one whose table or database
+	// is being created, is measured as soon as it can be, not a whole
+	// interval later.
+	FirstRetry time.Duration
 	// RedisCheck runs the Redis checks of a target that has Redis
 	// (default CheckRedis); RedisInterval is the least time between two
 	// runs for one relay (default DefaultRedisInterval).
@@ -83,6 +89,8 @@ type entry struct {
 	last        *Result
 	failures    int
 	inFlight    bool
+	// measured: a check of this target has succeeded.
+	measured bool
 }
 
 // NewProber returns a Prober. Stop it with Stop (or run it with Start).
@@ -95,6 +103,9 @@ func NewProber(cfg Config) *Prober {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.FirstRetry <= 0 {
+		cfg.FirstRetry = 2 * time.Second
 	}
 	if cfg.RedisCheck == nil {
 		cfg.RedisCheck = CheckRedis
@@ -157,7 +168,7 @@ func (p *Prober) Observe(key types.NamespacedName, target Target, interval time.
 		return obs
 	}
 	if e.last != nil {
-		wait := e.last.CheckedAt.Add(p.delay(interval, e.failures)).Sub(now)
+		wait := e.last.CheckedAt.Add(p.delay(interval, e.failures, e.measured)).Sub(now)
 		if wait > 0 {
 			obs.NextCheckIn = wait
 			return obs
@@ -176,7 +187,16 @@ func (p *Prober) Observe(key types.NamespacedName, target Target, interval time.
 }
 
 // delay is the time between checks after failures consecutive failures.
-func (p *Prober) delay(interval time.Duration, failures int) time.Duration {
+// Until a target is first measured, a failure is retried after FirstRetry,
+// doubling, up to interval.
+func (p *Prober) delay(interval time.Duration, failures int, measured bool) time.Duration {
+	if !measured && failures > 0 {
+		d := p.cfg.FirstRetry
+		for i := 1; i < failures && d < interval; i++ {
+			d *= 2
+		}
+		return min(d, interval)
+	}
 	d := interval
 	limit := max(p.cfg.MaxBackoff, interval)
 	for i := 1; i < failures && d < limit; i++ {
@@ -229,6 +249,7 @@ func (p *Prober) check(key types.NamespacedName, target Target, gen uint64, chec
 			e.failures++
 		} else {
 			e.failures = 0
+			e.measured = true
 		}
 	}
 	p.mu.Unlock()

@@ -199,8 +199,13 @@ func TestProberHangingDatabaseDoesNotHoldUpOtherRelays(t *testing.T) {
 func TestProberBacksOffAfterFailures(t *testing.T) {
 	t.Parallel()
 	b := setupProber(t, time.Second)
-	b.measurer.set("a", func(context.Context) (outbox.Backlog, error) { return outbox.Backlog{}, errors.New("boom") })
 	b.prober.cfg.MaxBackoff = 3 * time.Minute
+	// Measured once: failures from then on back off from the interval.
+	b.measurer.set("a", count(1))
+	b.prober.Observe(key("a"), target("postgres://a"), time.Minute)
+	b.waitNotified(t, key("a"))
+	b.clock.Step(time.Minute)
+	b.measurer.set("a", func(context.Context) (outbox.Backlog, error) { return outbox.Backlog{}, errors.New("boom") })
 
 	waits := make([]time.Duration, 0, 5)
 	for range 5 {
@@ -270,4 +275,31 @@ func TestProberStopCancelsChecksAndClosesMeasurer(t *testing.T) {
 	require.True(t, b.measurer.closed)
 	obs := b.prober.Observe(key("other"), target("postgres://other"), time.Minute)
 	require.False(t, obs.InFlight, "a stopped prober starts no checks")
+}
+
+// A target never measured yet (a new relay, a table being created) is
+// retried soon after a failure: FirstRetry, doubling up to the interval.
+func TestProberRetriesSoonUntilFirstMeasured(t *testing.T) {
+	t.Parallel()
+	b := setupProber(t, time.Second)
+	b.measurer.set("a", func(context.Context) (outbox.Backlog, error) { return outbox.Backlog{}, errors.New("no table") })
+
+	waits := make([]time.Duration, 0, 7)
+	for range 7 {
+		b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
+		b.waitNotified(t, key("a"))
+		obs := b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
+		require.NotNil(t, obs.Last.Failure)
+		waits = append(waits, obs.NextCheckIn)
+		b.clock.Step(obs.NextCheckIn)
+	}
+	require.Equal(t, []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
+		30 * time.Second, 30 * time.Second, 30 * time.Second}, waits)
+
+	b.measurer.set("a", count(3))
+	b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
+	b.waitNotified(t, key("a"))
+	obs := b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
+	require.Nil(t, obs.Last.Failure)
+	require.Equal(t, 30*time.Second, obs.NextCheckIn, "measured: the interval")
 }
