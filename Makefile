@@ -73,6 +73,11 @@ manifests: controller-gen ## Generate the CRD and RBAC manifests from the Go mar
 	fi
 	@$(MAKE) --no-print-directory helm-sync
 
+.PHONY: diagrams
+diagrams: ## Render docs/*.dot to PNG with Graphviz (apt-get install -y graphviz): the architecture picture of docs/controller.md.
+	@command -v dot >/dev/null || { echo "diagrams needs Graphviz's dot: apt-get install -y graphviz" >&2; exit 1; }
+	@for f in docs/*.dot; do dot -Tpng -Gdpi=110 "$$f" -o "$${f%.dot}.png"; echo "$${f%.dot}.png"; done
+
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.
 	@if [ -d api ] && ls api/*/*.go >/dev/null 2>&1; then \
