@@ -68,7 +68,7 @@ func exported(t testing.TB) map[string]bool {
 // describes them all.
 type recorder []prometheus.Collector
 
-func (r *recorder) Register(c prometheus.Collector) error { *r = append(*r, c); return nil }
+func (r *recorder) Register(c prometheus.Collector) error   { *r = append(*r, c); return nil }
 func (r *recorder) MustRegister(cs ...prometheus.Collector) { *r = append(*r, cs...) }
 func (r *recorder) Unregister(prometheus.Collector) bool    { return false }
 func (r recorder) Describe(ch chan<- *prometheus.Desc) {
