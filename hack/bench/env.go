@@ -39,6 +39,8 @@ type benchEnv struct {
 	db                      *pgxpool.Pool
 	rdb                     *redis.Client
 	table                   *outbox.Table
+	// extraArgs are added to every relay started (the wait section).
+	extraArgs []string
 }
 
 func newBenchEnv(ctx context.Context, dsn, redisURL, relayBin string) (*benchEnv, error) {
@@ -204,8 +206,8 @@ func entryMillis(id string) int64 {
 func (e *benchEnv) startRelays(n int, args ...string) ([]*exec.Cmd, error) {
 	var cmds []*exec.Cmd
 	for range n {
-		cmd := exec.Command(e.relayBin, append([]string{"run", "--stream=" + stream,
-			"--metrics-bind-address=0", "--health-probe-bind-address=0", "--log-level=warn"}, args...)...)
+		cmd := exec.Command(e.relayBin, append(append([]string{"run", "--stream=" + stream,
+			"--metrics-bind-address=0", "--health-probe-bind-address=0", "--log-level=warn"}, e.extraArgs...), args...)...)
 		cmd.Env = append(os.Environ(), "DATABASE_URL="+e.dsn, "REDIS_URL="+e.redisURL)
 		cmd.Stderr = os.Stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -46,7 +46,7 @@ type options struct {
 }
 
 // sectionNames are the parts of the benchmark, in the order they run.
-var sectionNames = []string{"raw", "throughput", "latency", "modes"}
+var sectionNames = []string{"raw", "throughput", "latency", "modes", "wait"}
 
 func main() {
 	var o options
@@ -61,7 +61,7 @@ func main() {
 	flag.StringVar(&o.chart, "chart", "docs/benchmarks-relay.png", "PNG chart to write; empty: none")
 	flag.StringVar(&o.relayBin, "relay", "", "relay binary (default: built from ./cmd/relay)")
 	flag.StringVar(&sections, "sections", strings.Join(sectionNames, ","),
-		"parts to run: raw (claim rate), throughput (the batch/process matrix), latency, modes (the ordering modes)")
+		"parts to run: raw (claim rate), throughput (the batch/process matrix), latency, modes (the ordering modes), wait (--wait-replicas 0 and 1 against a replica)")
 	flag.StringVar(&modes, "modes", "None:1,Strict:2,PerKey:1,PerKey:4",
 		"ordering modes to measure, each ordering:relays (Strict:2 is one active relay and one standby)")
 	flag.Parse()
@@ -199,6 +199,12 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	if o.sections["modes"] {
 		if report.modes, err = env.runModes(ctx, o, o.modes); err != nil {
+			return err
+		}
+		report.rate = o.rate
+	}
+	if o.sections["wait"] {
+		if report.wait, err = env.runWait(ctx, o, rs.Port()); err != nil {
 			return err
 		}
 		report.rate = o.rate

@@ -20,7 +20,8 @@ type report struct {
 	throughput []throughputResult
 	latency    []latencyResult
 	modes      []modeResult
-	rate       int // offered load of the mode latency runs
+	wait       []waitResult
+	rate       int // offered load of the mode and wait latency runs
 }
 
 // print writes the report to w in one write: the tables are built in memory.
@@ -35,6 +36,9 @@ func (r *report) print(w io.Writer) error {
 	}
 	if len(r.latency) > 0 {
 		r.printLatency(&b)
+	}
+	if len(r.wait) > 0 {
+		r.printWait(&b)
 	}
 	if len(r.modes) > 0 {
 		r.printModes(&b)
