@@ -114,11 +114,11 @@ func metaTime(t time.Time) *metav1.Time {
 // evaluateConditions evaluates each condition, then Ready from them.
 func evaluateConditions(st *relayState, s *v1alpha1.OutboxRelayStatus) conditions {
 	c := conditions{
-		secrets:     secretsCondition(st),
-		database:    databaseCondition(st),
-		backlog:     backlogCondition(st, s),
-		relays:      relaysCondition(st, s),
-		deadLetters: deadLettersCondition(st, s),
+		secrets:      secretsCondition(st),
+		database:     databaseCondition(st),
+		backlog:      backlogCondition(st, s),
+		relays:       relaysCondition(st, s),
+		deadLetters:  deadLettersCondition(st, s),
 		streamIntact: streamIntactCondition(st), // outboxrelay_stream.go
 	}
 	c.ready = readyCondition(st, c)
