@@ -79,7 +79,7 @@ func newRootCommand() *cobra.Command {
 	}
 	c.addFlags(root.PersistentFlags())
 	root.AddCommand(newRunCommand(&c), newCleanupCommand(&c), newBacklogCommand(&c), newSchemaCommand(&c),
-		newDeadLettersCommand(&c), newDoctorCommand(&c), newReplayCommand(&c))
+		newDeadLettersCommand(&c), newDoctorCommand(&c), newReplayCommand(&c), newStreamInfoCommand(&c))
 	return root
 }
 
