@@ -76,7 +76,9 @@ type Decision struct {
 //
 //   - suspended: 0.
 //   - backlog unknown (nil): the previous count, clamped to [Min, Max] (Min
-//     when there was none): a failed measurement never scales down.
+//     when there was none), and at least 1: a failed measurement never
+//     scales down, and a relay with Min 0 whose backlog cannot be measured
+//     still runs one relay rather than none, since rows may be waiting.
 //   - a recommendation at or above the previous count (clamped to the
 //     bounds, so a changed spec applies at once) is followed at once.
 //   - a lower one is followed once lower recommendations have lasted
@@ -86,16 +88,17 @@ func Decide(p Policy, suspended bool, backlog *int64, prev State, now time.Time)
 		return Decision{Replicas: 0}
 	}
 	lo, hi := p.bounds()
-	if prev.Replicas == nil {
-		if backlog == nil {
-			return Decision{Replicas: lo}
+	if backlog == nil {
+		current := lo
+		if prev.Replicas != nil {
+			current = clamp(*prev.Replicas, lo, hi)
 		}
+		return Decision{Replicas: clamp(max(current, 1), lo, hi)}
+	}
+	if prev.Replicas == nil {
 		return Decision{Replicas: p.Recommend(*backlog)}
 	}
 	current := clamp(*prev.Replicas, lo, hi)
-	if backlog == nil {
-		return Decision{Replicas: current}
-	}
 	want := p.Recommend(*backlog)
 	if want >= current {
 		return Decision{Replicas: want}
