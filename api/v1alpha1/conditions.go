@@ -109,6 +109,13 @@ const (
 	// ReasonDSNInvalid: the value under postgres.dsnSecretRef is not a
 	// PostgreSQL connection string.
 	ReasonDSNInvalid Reason = "DSNInvalid"
+	// ReasonDSNKeyNotAllowed: the DSN sets a key the operator does not
+	// honour when it measures the backlog: a key that reads files of the
+	// operator's pod (service, servicefile, passfile, sslkey, sslcert,
+	// sslrootcert, sslcrl, sslcrldir), unless the manager runs with
+	// --allow-dsn-file-keys, or a key it does not know. The message names
+	// the key. The relays still use the DSN; the backlog is not measured.
+	ReasonDSNKeyNotAllowed Reason = "DSNKeyNotAllowed"
 	// ReasonRedisURLInvalid: the value under redis.urlSecretRef is not a
 	// redis:// or rediss:// URL.
 	ReasonRedisURLInvalid Reason = "RedisURLInvalid"

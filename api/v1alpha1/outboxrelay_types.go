@@ -436,6 +436,13 @@ type OutboxRelayStatus struct {
 	// +optional
 	Backlog *int64 `json:"backlog,omitempty"`
 
+	// backlogCapped reports that backlog is a lower bound: the operator
+	// stops counting at its --backlog-count-limit (default 1,000,000), so
+	// that a huge backlog is still measured within the statement timeout;
+	// the backlog is at least that many rows.
+	// +optional
+	BacklogCapped bool `json:"backlogCapped,omitempty"`
+
 	// oldestPendingTime is the created_at of the oldest undispatched row at
 	// lastBacklogCheckTime; absent when none was pending.
 	// +optional

@@ -87,11 +87,15 @@ func run(args []string) error {
 		RelayImage:              opts.relayImage,
 		Pools:                   opts.pools,
 		BacklogTimeout:          opts.backlogTimeout,
+		MaxConcurrentChecks:     opts.maxConcurrentChecks,
 		Metrics:                 relayMetrics,
 		MaxConcurrentReconciles: opts.maxConcurrentReconciles,
 	}
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the OutboxRelay controller: %w", err)
+	}
+	if err := metrics.Registry.Register(r.ProbeCollector()); err != nil {
+		return fmt.Errorf("registering the backlog prober's metrics: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding the health check: %w", err)

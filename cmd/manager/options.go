@@ -44,6 +44,7 @@ type options struct {
 	watchNamespaces         []string
 	maxConcurrentReconciles int
 	backlogTimeout          time.Duration
+	maxConcurrentChecks     int
 	pools                   backlog.PoolMeasurerConfig
 	logLevel                string
 	logFormat               string
@@ -88,6 +89,15 @@ func parseFlags(args []string, getenv func(string) string) (options, error) {
 		"Most connections of one backlog pool (one pool per namespace and DSN).")
 	fs.DurationVar(&o.pools.StatementTimeout, "backlog-statement-timeout", 5*time.Second,
 		"PostgreSQL statement_timeout of the backlog query.")
+	fs.IntVar(&o.maxConcurrentChecks, "backlog-max-concurrent-checks", 16,
+		"Most backlog checks that run at once, across every OutboxRelay; a due check waits for a slot.")
+	fs.IntVar(&o.pools.MaxOpenConns, "backlog-max-open-conns", 64,
+		"Most PostgreSQL connections the backlog checks hold open at once, across every pool; idle ones are closed to make room.")
+	fs.Int64Var(&o.pools.CountLimit, "backlog-count-limit", 1_000_000,
+		"Pending rows counted at most per check; a larger backlog is reported as this number with status.backlogCapped.")
+	fs.BoolVar(&o.pools.AllowFileKeys, "allow-dsn-file-keys", false,
+		"Honour the DSN keys that read files of the operator's pod (service, servicefile, passfile, sslkey, sslcert, "+
+			"sslrootcert, sslcrl, sslcrldir); off, such a DSN gets reason DSNKeyNotAllowed and its backlog is not measured.")
 	fs.StringVar(&o.logLevel, "log-level", "info", "Log level: debug, info, warn or error.")
 	fs.StringVar(&o.logFormat, "log-format", "json", "Log format: json or text.")
 	if err := fs.Parse(args); err != nil {
@@ -104,6 +114,15 @@ func parseFlags(args []string, getenv func(string) string) (options, error) {
 	}
 	if maxConns < 1 {
 		return options{}, errors.New("--backlog-max-conns must be at least 1")
+	}
+	if o.maxConcurrentChecks < 1 {
+		return options{}, errors.New("--backlog-max-concurrent-checks must be at least 1")
+	}
+	if o.pools.MaxOpenConns < 1 {
+		return options{}, errors.New("--backlog-max-open-conns must be at least 1")
+	}
+	if o.pools.CountLimit < 1 {
+		return options{}, errors.New("--backlog-count-limit must be at least 1")
 	}
 	o.pools.MaxConns = int32(min(maxConns, 1000))
 	if o.relayImage == "" {

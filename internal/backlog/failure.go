@@ -26,7 +26,17 @@ const (
 	CauseTableNotFound Cause = "TableNotFound"
 	// CauseColumnNotFound: a configured column does not exist.
 	CauseColumnNotFound Cause = "ColumnNotFound"
+	// CauseDSNKeyNotAllowed: the DSN sets a key the operator does not
+	// honour (a file-reading key such as sslrootcert, or an unknown one).
+	CauseDSNKeyNotAllowed Cause = "DSNKeyNotAllowed"
 )
+
+// unreachableMessage is all a failed connection says: the address, the
+// error class (refused, no route, a timeout, a name not resolved, a TLS
+// failure) would let a tenant map the network the operator sees through the
+// DSNs it writes. The relays' own logs, in the tenant's namespace, have the
+// details of their own connections.
+const unreachableMessage = "PostgreSQL is unreachable from the operator (no connection could be made; the relays' logs have the details)"
 
 // maxMessageLength bounds a failure's message; conditions and events carry it.
 const maxMessageLength = 512
@@ -49,8 +59,13 @@ func classify(err error, timeout string, secrets ...string) *Failure {
 		return f
 	}
 	cause, msg := CauseUnreachable, describe(err, timeout)
-	var parseErr *pgconn.ParseConfigError
+	var (
+		parseErr *pgconn.ParseConfigError
+		keyErr   *DSNKeyError
+	)
 	switch {
+	case errors.As(err, &keyErr):
+		cause = CauseDSNKeyNotAllowed
 	case errors.As(err, &parseErr):
 		cause = CauseInvalidDSN
 	case errors.Is(err, outbox.ErrTableNotFound):
@@ -72,11 +87,19 @@ func describe(err error, timeout string) string {
 	var (
 		pgErr    *pgconn.PgError
 		parseErr *pgconn.ParseConfigError
+		keyErr   *DSNKeyError
 		opErr    *net.OpError
 		dnsErr   *net.DNSError
 		connErr  *pgconn.ConnectError
 	)
 	switch {
+	case errors.As(err, &keyErr):
+		what := "a key that is not allowed"
+		if keyErr.Key != "" {
+			what = keyErr.Key
+		}
+		return "the DSN sets " + what + "; the operator honours only " + strings.Join(dsnKeys, ", ") +
+			" (the file-reading keys only when started with --allow-dsn-file-keys), so it does not measure this backlog; the relays still use the DSN"
 	case errors.As(err, &parseErr):
 		return "the DSN is not a valid PostgreSQL connection string (a postgres:// URL or key=value pairs)"
 	case errors.As(err, &pgErr):
@@ -85,15 +108,14 @@ func describe(err error, timeout string) string {
 			what = "the connection"
 		}
 		return fmt.Sprintf("PostgreSQL refused %s: %s (SQLSTATE %s)", what, pgErr.Message, pgErr.Code)
+	case errors.Is(err, errNoConnSlot):
+		return "the operator's bound on open backlog connections (--backlog-max-open-conns) was reached until the deadline; the check is retried"
+	case errors.Is(err, errConnect), errors.As(err, &connErr), errors.As(err, &dnsErr), errors.As(err, &opErr):
+		// Whatever kept the connection from being made: see
+		// unreachableMessage.
+		return unreachableMessage
 	case errors.Is(err, context.DeadlineExceeded), pgconn.Timeout(err):
 		return "no answer from PostgreSQL within " + timeout
-	case errors.As(err, &dnsErr):
-		return "cannot connect to PostgreSQL: " + dnsErr.Error()
-	case errors.As(err, &opErr):
-		return "cannot connect to PostgreSQL: " + opErr.Error()
-	case errors.As(err, &connErr):
-		// The details after the user and database that Error starts with.
-		return "cannot connect to PostgreSQL: " + singleLine(connErr.Unwrap().Error())
 	}
 	return singleLine(err.Error())
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
@@ -48,7 +50,86 @@ func TestClassify(t *testing.T) {
 
 func TestPasswordOf(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, "pw", passwordOf("postgres://u:pw@h/db"))
-	require.Equal(t, "pw", passwordOf("host=h user=u password=pw"))
-	require.Empty(t, passwordOf("postgres://u:pw@h:bad/db"))
+	require.Equal(t, "pw", passwordOf("postgres://u:pw@h/db", false))
+	require.Equal(t, "pw", passwordOf("host=h user=u password=pw", false))
+	require.Empty(t, passwordOf("postgres://u:pw@h:bad/db", false))
+	require.Empty(t, passwordOf("host=h user=u password=pw sslrootcert=/etc/passwd", false), "a refused key reads nothing")
+}
+
+func TestNetworkErrorsSayOnlyUnreachable(t *testing.T) {
+	t.Parallel()
+	// A port nothing listens on, and one that accepts and never answers.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := l.Addr().String()
+	require.NoError(t, l.Close())
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = silent.Close() })
+	connect := func(addr string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		conn, err := pgconn.Connect(ctx, "postgres://u:pw@"+addr+"/db?sslmode=disable")
+		if err == nil {
+			_ = conn.Close(ctx)
+		}
+		return err
+	}
+	for name, err := range map[string]error{
+		"Refused":   connect(closed),
+		"Blackhole": connect(silent.Addr().String()),
+		"NoRoute":   &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: no route to host")},
+		"DNS":       &net.DNSError{Err: "no such host", Name: "db.internal.corp"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := classify(fmt.Errorf("measuring: %w", err), "10s")
+			require.Equal(t, CauseUnreachable, f.Cause)
+			require.Equal(t, unreachableMessage, f.Message)
+		})
+	}
+}
+
+func TestDSNKeys(t *testing.T) {
+	t.Parallel()
+	for _, key := range FileKeys {
+		t.Run(key, func(t *testing.T) {
+			t.Parallel()
+			for _, dsn := range []string{
+				"host=127.0.0.1 user=u password=Canary-Pa55word " + key + "=/etc/shadow",
+				"postgres://u:Canary-Pa55word@127.0.0.1/db?" + key + "=/etc/shadow",
+			} {
+				_, err := ParseDSN(dsn, false)
+				var keyErr *DSNKeyError
+				require.ErrorAs(t, err, &keyErr, dsn)
+				require.Equal(t, key, keyErr.Key)
+				f := classify(fmt.Errorf("parsing DSN: %w", err), "10s", dsn, "Canary-Pa55word")
+				require.Equal(t, CauseDSNKeyNotAllowed, f.Cause)
+				require.Contains(t, f.Message, "the DSN sets "+key+";")
+				require.NotContains(t, f.Message, "Canary")
+				require.NotContains(t, f.Message, "/etc/shadow")
+				require.True(t, ValidDSN(dsn), "the relays may honour it: the Secret still resolves")
+			}
+		})
+	}
+	t.Run("AllowedByFlag", func(t *testing.T) {
+		t.Parallel()
+		_, err := ParseDSN("host=127.0.0.1 user=u sslmode=disable sslcrldir=/nonexistent", true)
+		require.NoError(t, err)
+	})
+	t.Run("UnknownKeyIsNotRepeated", func(t *testing.T) {
+		t.Parallel()
+		_, err := ParseDSN("host=127.0.0.1 Canary-Pa55word=x", false)
+		var keyErr *DSNKeyError
+		require.ErrorAs(t, err, &keyErr)
+		require.Empty(t, keyErr.Key)
+		require.NotContains(t, classify(err, "10s").Message, "Canary")
+	})
+	t.Run("OrdinaryKeys", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := ParseDSN("postgres://u:pw@127.0.0.1:5433/db?sslmode=disable&application_name=a&connect_timeout=3&search_path=s", false)
+		require.NoError(t, err)
+		require.Equal(t, uint16(5433), cfg.Port)
+		require.False(t, ValidDSN("postgres://u:pw@h:bad/db"))
+	})
 }

@@ -4,10 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -67,6 +71,17 @@ type PoolMeasurerConfig struct {
 	MaxConnIdleTime time.Duration
 	// ApplicationName shows in pg_stat_activity (default outbox-operator).
 	ApplicationName string
+	// MaxOpenConns bounds the connections open at once across every pool
+	// (default 64). A connection waits for a free slot within its connect
+	// timeout; while it waits, idle connections of every pool are closed.
+	MaxOpenConns int
+	// CountLimit stops counting pending rows there (default 1,000,000): a
+	// larger backlog is reported as CountLimit with Backlog.Capped, so a
+	// huge backlog is still a number within the statement timeout.
+	CountLimit int64
+	// AllowFileKeys honours the DSN keys that read files of the operator's
+	// pod (FileKeys); off, a DSN that sets one is refused (ParseDSN).
+	AllowFileKeys bool
 }
 
 func (c PoolMeasurerConfig) withDefaults() PoolMeasurerConfig {
@@ -86,6 +101,12 @@ func (c PoolMeasurerConfig) withDefaults() PoolMeasurerConfig {
 	if c.ApplicationName == "" {
 		c.ApplicationName = "outbox-operator"
 	}
+	if c.MaxOpenConns <= 0 {
+		c.MaxOpenConns = 64
+	}
+	if c.CountLimit <= 0 {
+		c.CountLimit = 1_000_000
+	}
 	return c
 }
 
@@ -99,6 +120,10 @@ type PoolMeasurer struct {
 	mu    sync.Mutex
 	pools map[string]*sharedPool          // by poolKey
 	holds map[types.NamespacedName]string // relay -> poolKey
+
+	// slots holds one token per open connection, across every pool.
+	slots   chan struct{}
+	waiting atomic.Int64
 }
 
 type sharedPool struct {
@@ -110,10 +135,12 @@ var _ Measurer = (*PoolMeasurer)(nil)
 
 // NewPoolMeasurer returns a PoolMeasurer; it connects lazily.
 func NewPoolMeasurer(cfg PoolMeasurerConfig) *PoolMeasurer {
+	cfg = cfg.withDefaults()
 	return &PoolMeasurer{
-		cfg:   cfg.withDefaults(),
+		cfg:   cfg,
 		pools: map[string]*sharedPool{},
 		holds: map[types.NamespacedName]string{},
+		slots: make(chan struct{}, cfg.MaxOpenConns),
 	}
 }
 
@@ -130,12 +157,26 @@ func (m *PoolMeasurer) Measure(ctx context.Context, key types.NamespacedName, ta
 	if err != nil {
 		return outbox.Backlog{}, err
 	}
-	b, err := target.Table.Backlog(ctx, pool)
+	// pgconn turns a dial that ran out of time into a plain timeout: the
+	// dial marks the wait for a slot here instead.
+	slotWait := new(atomic.Bool)
+	ctx = context.WithValue(ctx, slotWaitKey{}, slotWait)
+	conn, err := pool.Acquire(ctx)
+	switch {
+	case err != nil && slotWait.Load():
+		return outbox.Backlog{}, fmt.Errorf("connecting: %w", errNoConnSlot)
+	case err != nil:
+		// Whether refused, silent or misnamed, it is one thing to the
+		// tenant: errConnect (failure.go).
+		return outbox.Backlog{}, fmt.Errorf("%w: %w", errConnect, err)
+	}
+	defer conn.Release()
+	b, err := target.Table.BacklogUpTo(ctx, conn, m.cfg.CountLimit)
 	if err != nil {
 		return outbox.Backlog{}, fmt.Errorf("measuring backlog of %s: %w", target.Table, err)
 	}
 	if target.Stream != "" {
-		resets, err := target.Table.PendingStreamResets(ctx, pool, target.Stream)
+		resets, err := target.Table.PendingStreamResets(ctx, conn, target.Stream)
 		if err != nil {
 			return outbox.Backlog{}, err
 		}
@@ -171,10 +212,18 @@ func (m *PoolMeasurer) acquire(key types.NamespacedName, dsn string) (*pgxpool.P
 }
 
 func (m *PoolMeasurer) newPool(dsn string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
+	connCfg, err := ParseDSN(dsn, m.cfg.AllowFileKeys)
 	if err != nil {
 		return nil, fmt.Errorf("parsing DSN: %w", err)
 	}
+	// A pool config around the checked connection config: parsing the DSN
+	// again would honour every key.
+	cfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return nil, fmt.Errorf("parsing DSN: %w", err)
+	}
+	cfg.ConnConfig.Config = *connCfg
+	cfg.ConnConfig.DialFunc = m.limitDial(connCfg.DialFunc)
 	cfg.MaxConns = m.cfg.MaxConns
 	cfg.MinConns = 0
 	cfg.MaxConnIdleTime = m.cfg.MaxConnIdleTime
@@ -234,4 +283,101 @@ func (m *PoolMeasurer) Pools() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.pools)
+}
+
+// errConnect: no connection could be made (refused, silent, a name not
+// resolved, TLS failed, or the server refused the login).
+var errConnect = errors.New("connecting to PostgreSQL")
+
+// errNoConnSlot: every slot of MaxOpenConns stayed taken until the deadline.
+var errNoConnSlot = errors.New("no free backlog connection slot")
+
+// limitDial wraps a dial function so that every connection holds one of the
+// MaxOpenConns slots from the dial until it is closed.
+func (m *PoolMeasurer) limitDial(next pgconn.DialFunc) pgconn.DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if err := m.takeSlot(ctx); err != nil {
+			return nil, err
+		}
+		conn, err := next(ctx, network, addr)
+		if err != nil {
+			<-m.slots
+			return nil, err
+		}
+		return &slotConn{Conn: conn, release: func() { <-m.slots }}, nil
+	}
+}
+
+// takeSlot takes a slot, closing idle connections of every pool when none
+// is free, then waiting for one until ctx is done.
+func (m *PoolMeasurer) takeSlot(ctx context.Context) error {
+	select {
+	case m.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	m.waiting.Add(1)
+	defer m.waiting.Add(-1)
+	m.closeIdle(ctx)
+	select {
+	case m.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		if w, ok := ctx.Value(slotWaitKey{}).(*atomic.Bool); ok {
+			w.Store(true)
+		}
+		return fmt.Errorf("%w: %w", errNoConnSlot, ctx.Err())
+	}
+}
+
+// slotWaitKey is the context key of the flag a dial sets when it gave up
+// waiting for a slot.
+type slotWaitKey struct{}
+
+// closeIdle closes the idle connections of every pool, freeing their slots.
+func (m *PoolMeasurer) closeIdle(ctx context.Context) {
+	m.mu.Lock()
+	pools := make([]*pgxpool.Pool, 0, len(m.pools))
+	for _, sp := range m.pools {
+		pools = append(pools, sp.pool)
+	}
+	m.mu.Unlock()
+	for _, p := range pools {
+		for _, c := range p.AcquireAllIdle(ctx) {
+			conn := c.Hijack()
+			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			_ = conn.Close(closeCtx)
+			cancel()
+		}
+	}
+}
+
+// slotConn gives its slot back when closed, once.
+type slotConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *slotConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
+
+// ConnStats are the connections of a PoolMeasurer, for metrics.
+type ConnStats struct {
+	// Open is the number of connections open now, across every pool.
+	Open int
+	// Max is MaxOpenConns.
+	Max int
+	// Waiting is the number of dials waiting for a free slot.
+	Waiting int
+	// Pools is the number of pools.
+	Pools int
+}
+
+// ConnStats returns the current connection figures.
+func (m *PoolMeasurer) ConnStats() ConnStats {
+	return ConnStats{Open: len(m.slots), Max: cap(m.slots), Waiting: int(m.waiting.Load()), Pools: m.Pools()}
 }

@@ -134,7 +134,7 @@ func TestPoolMeasurerFailures(t *testing.T) {
 		require.Error(t, err)
 		f := classify(err, "10s", unreachable, secret)
 		require.Equal(t, CauseUnreachable, f.Cause)
-		require.Contains(t, f.Message, "connection refused")
+		require.Equal(t, unreachableMessage, f.Message, "no address, no error class")
 		require.NotContains(t, f.Message, secret)
 		require.NotContains(t, f.Message, "alice")
 	})
@@ -166,4 +166,63 @@ func TestPoolMeasurerFailures(t *testing.T) {
 		require.Equal(t, CauseUnreachable, f.Cause)
 		require.Contains(t, f.Message, "SQLSTATE 55P03") // lock_not_available
 	})
+}
+
+func TestPoolMeasurerBoundsOpenConnections(t *testing.T) {
+	t.Parallel()
+	dsn, _ := setupTable(t)
+	ctx := context.Background()
+	m := NewPoolMeasurer(PoolMeasurerConfig{MaxOpenConns: 1, ConnectTimeout: 500 * time.Millisecond})
+	t.Cleanup(m.Close)
+
+	// Three DSNs, three pools, one connection at a time: each measurement
+	// closes the idle connection of another pool to take its slot.
+	for i, name := range []string{"a", "b", "c", "a"} {
+		_, err := m.Measure(ctx, key(name), target(fmt.Sprintf("%s&application_name=%s", dsn, name)))
+		require.NoError(t, err, "measurement %d", i)
+		require.LessOrEqual(t, m.ConnStats().Open, 1)
+	}
+	require.Equal(t, 3, m.ConnStats().Pools)
+
+	// A connection in use is not taken away: the next dial waits for the
+	// slot until its deadline, and says so.
+	pool, err := m.acquire(key("a"), dsn+"&application_name=a")
+	require.NoError(t, err)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	_, err = m.Measure(ctx, key("b"), target(dsn+"&application_name=b"))
+	conn.Release()
+	require.ErrorIs(t, err, errNoConnSlot)
+	require.Contains(t, classify(err, "10s").Message, "--backlog-max-open-conns")
+	_, err = m.Measure(ctx, key("b"), target(dsn+"&application_name=b"))
+	require.NoError(t, err)
+	require.Equal(t, ConnStats{Open: 1, Max: 1, Pools: 3}, m.ConnStats())
+}
+
+func TestPoolMeasurerCapsTheCount(t *testing.T) {
+	t.Parallel()
+	dsn, conn := setupTable(t)
+	ctx := context.Background()
+	_, err := conn.Exec(ctx, `INSERT INTO outbox_events (event_type, payload) SELECT 't', '{}' FROM generate_series(1, 25)`)
+	require.NoError(t, err)
+	m := NewPoolMeasurer(PoolMeasurerConfig{CountLimit: 10})
+	t.Cleanup(m.Close)
+	b, err := m.Measure(ctx, key("a"), target(dsn))
+	require.NoError(t, err)
+	require.Equal(t, int64(10), b.Count)
+	require.True(t, b.Capped)
+	require.NotNil(t, b.Oldest)
+}
+
+func TestPoolMeasurerRefusesFileKeys(t *testing.T) {
+	t.Parallel()
+	dsn, _ := setupTable(t)
+	ctx := context.Background()
+	m := NewPoolMeasurer(PoolMeasurerConfig{})
+	t.Cleanup(m.Close)
+	_, err := m.Measure(ctx, key("a"), target(dsn+"&passfile=/etc/passwd"))
+	f := classify(err, "10s")
+	require.Equal(t, CauseDSNKeyNotAllowed, f.Cause, err)
+	require.Contains(t, f.Message, "passfile")
+	require.Zero(t, m.ConnStats().Open)
 }

@@ -1,11 +1,11 @@
 package backlog
 
-import "github.com/jackc/pgx/v5/pgconn"
-
 // passwordOf returns the password in a DSN, to redact it from messages; ""
-// when the DSN cannot be parsed (its text is redacted whole then).
-func passwordOf(dsn string) string {
-	cfg, err := pgconn.ParseConfig(dsn)
+// when the DSN cannot be parsed, or sets a key not allowed (its text is
+// redacted whole then). It honours the file-reading keys only when
+// allowFileKeys, as the measurement does.
+func passwordOf(dsn string, allowFileKeys bool) string {
+	cfg, err := ParseDSN(dsn, allowFileKeys)
 	if err != nil {
 		return ""
 	}

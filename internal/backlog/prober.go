@@ -3,6 +3,7 @@ package backlog
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -66,6 +67,13 @@ type Config struct {
 	// runs for one relay (default DefaultRedisInterval).
 	RedisCheck    func(ctx context.Context, t RedisTarget) doctor.Report
 	RedisInterval time.Duration
+	// MaxConcurrentChecks bounds the checks that run at once, across every
+	// relay (default 16). A due check waits for a free slot; its Timeout
+	// starts once it has one.
+	MaxConcurrentChecks int
+	// AllowDSNFileKeys is PoolMeasurerConfig.AllowFileKeys, for redacting
+	// the password of a DSN from messages the same way it was parsed.
+	AllowDSNFileKeys bool
 }
 
 // Prober schedules the backlog checks of every relay: at most one at a time
@@ -79,6 +87,10 @@ type Prober struct {
 
 	mu      sync.Mutex
 	entries map[types.NamespacedName]*entry
+
+	// slots holds one token per running check.
+	slots   chan struct{}
+	waiting atomic.Int64
 }
 
 // entry is one relay's state. gen changes whenever the entry is reset, so a
@@ -116,8 +128,14 @@ func NewProber(cfg Config) *Prober {
 	if cfg.Notify == nil {
 		cfg.Notify = func(context.Context, types.NamespacedName) {}
 	}
+	if cfg.MaxConcurrentChecks <= 0 {
+		cfg.MaxConcurrentChecks = 16
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Prober{cfg: cfg, ctx: ctx, cancel: cancel, entries: map[types.NamespacedName]*entry{}}
+	return &Prober{
+		cfg: cfg, ctx: ctx, cancel: cancel, entries: map[types.NamespacedName]*entry{},
+		slots: make(chan struct{}, cfg.MaxConcurrentChecks),
+	}
 }
 
 // Start blocks until ctx is done, then stops the Prober: it lets a
@@ -209,6 +227,11 @@ func (p *Prober) delay(interval time.Duration, failures int, measured bool) time
 // forgotten meanwhile.
 func (p *Prober) check(key types.NamespacedName, target Target, gen uint64, checkRedis bool) {
 	defer p.wg.Done()
+	if !p.takeSlot() {
+		p.finishStopped(key, gen)
+		return
+	}
+	defer func() { <-p.slots }()
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Timeout)
 	defer cancel()
 
@@ -230,7 +253,7 @@ func (p *Prober) check(key types.NamespacedName, target Target, gen uint64, chec
 	res := &Result{Backlog: b, CheckedAt: end, Duration: end.Sub(start)}
 	if err != nil {
 		res.Backlog = outbox.Backlog{}
-		res.Failure = classify(err, p.cfg.Timeout.String(), target.DSN, passwordOf(target.DSN))
+		res.Failure = classify(err, p.cfg.Timeout.String(), target.DSN, passwordOf(target.DSN, p.cfg.AllowDSNFileKeys))
 	}
 
 	<-redisDone
@@ -261,6 +284,50 @@ func (p *Prober) check(key types.NamespacedName, target Target, gen uint64, chec
 	if current && p.ctx.Err() == nil {
 		p.cfg.Notify(p.ctx, key)
 	}
+}
+
+// takeSlot waits for one of the MaxConcurrentChecks slots; false when the
+// Prober stopped first.
+func (p *Prober) takeSlot() bool {
+	select {
+	case p.slots <- struct{}{}:
+		return true
+	default:
+	}
+	p.waiting.Add(1)
+	defer p.waiting.Add(-1)
+	select {
+	case p.slots <- struct{}{}:
+		return true
+	case <-p.ctx.Done():
+		return false
+	}
+}
+
+// finishStopped ends a check that never ran because the Prober stopped.
+func (p *Prober) finishStopped(key types.NamespacedName, gen uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e, ok := p.entries[key]; ok && e.gen == gen {
+		e.inFlight = false
+	}
+}
+
+// CheckStats are the checks of a Prober, for metrics.
+type CheckStats struct {
+	// Running is the number of checks running now.
+	Running int
+	// Max is MaxConcurrentChecks.
+	Max int
+	// Waiting is the number of due checks waiting for a free slot.
+	Waiting int
+	// Relays is the number of relays the Prober knows.
+	Relays int
+}
+
+// CheckStats returns the current check figures.
+func (p *Prober) CheckStats() CheckStats {
+	return CheckStats{Running: len(p.slots), Max: cap(p.slots), Waiting: int(p.waiting.Load()), Relays: p.Len()}
 }
 
 // Forget drops everything known about the relay and releases its

@@ -277,6 +277,48 @@ func TestProberStopCancelsChecksAndClosesMeasurer(t *testing.T) {
 	require.False(t, obs.InFlight, "a stopped prober starts no checks")
 }
 
+func TestProberBoundsConcurrentChecks(t *testing.T) {
+	t.Parallel()
+	m := newFakeMeasurer()
+	p := NewProber(Config{Measurer: m, Timeout: 10 * time.Second, MaxConcurrentChecks: 2})
+	t.Cleanup(p.Stop)
+
+	var mu sync.Mutex
+	running, most := 0, 0
+	release := make(chan struct{})
+	for _, name := range []string{"a", "b", "c", "d", "e"} {
+		m.set(name, func(context.Context) (outbox.Backlog, error) {
+			mu.Lock()
+			running++
+			most = max(most, running)
+			mu.Unlock()
+			<-release
+			mu.Lock()
+			running--
+			mu.Unlock()
+			return outbox.Backlog{Count: 1}, nil
+		})
+		require.True(t, p.Observe(key(name), target("postgres://"+name), time.Minute).InFlight)
+	}
+	require.Eventually(t, func() bool {
+		s := p.CheckStats()
+		return s.Running == 2 && s.Waiting == 3
+	}, 5*time.Second, 10*time.Millisecond, "two run, three wait: %+v", p.CheckStats())
+	close(release)
+	require.Eventually(t, func() bool {
+		for _, name := range []string{"a", "b", "c", "d", "e"} {
+			if o := p.Observe(key(name), target("postgres://"+name), time.Minute); o.Last == nil {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 10*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 2, most, "never more checks at once than MaxConcurrentChecks")
+	require.Equal(t, CheckStats{Max: 2, Relays: 5}, p.CheckStats())
+}
+
 // A target never measured yet (a new relay, a table being created) is
 // retried soon after a failure: FirstRetry, doubling up to the interval.
 func TestProberRetriesSoonUntilFirstMeasured(t *testing.T) {

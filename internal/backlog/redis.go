@@ -57,6 +57,10 @@ func CheckRedis(ctx context.Context, t RedisTarget) doctor.Report {
 	redactAll := func(r doctor.Report) doctor.Report {
 		for i := range r {
 			r[i].Message = redact.String(r[i].Message, t.URL, password)
+			if r[i].Reason == doctor.ReasonUnreachable {
+				// No address, no error class: see unreachableMessage.
+				r[i].Message = "Redis is unreachable from the operator (no connection could be made; the relays' logs have the details)."
+			}
 		}
 		return r
 	}

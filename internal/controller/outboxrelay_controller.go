@@ -79,6 +79,9 @@ type OutboxRelayReconciler struct {
 	// BacklogTimeout bounds one backlog check, connecting included
 	// (default 10s).
 	BacklogTimeout time.Duration
+	// MaxConcurrentChecks bounds the backlog checks that run at once
+	// (default 16; backlog.Config.MaxConcurrentChecks).
+	MaxConcurrentChecks int
 	// Metrics exports per-relay gauges; nil exports none.
 	Metrics *RelayMetrics
 	// Clock is the time source (default the real clock).
@@ -88,6 +91,7 @@ type OutboxRelayReconciler struct {
 	MaxConcurrentReconciles int
 
 	prober        *backlog.Prober
+	probeStats    *probeCollector
 	backlogEvents chan event.GenericEvent
 	applied       appliedGenerations
 	statuses      writtenStatuses
@@ -390,9 +394,11 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 
 	r.backlogEvents = make(chan event.GenericEvent, 1024)
 	r.prober = backlog.NewProber(backlog.Config{
-		Measurer: r.Measurer,
-		Timeout:  r.backlogTimeout(),
-		Notify:   r.notifyBacklog,
+		Measurer:            r.Measurer,
+		Timeout:             r.backlogTimeout(),
+		Notify:              r.notifyBacklog,
+		MaxConcurrentChecks: r.MaxConcurrentChecks,
+		AllowDSNFileKeys:    r.Pools.AllowFileKeys,
 	})
 	if err := mgr.Add(r.prober); err != nil {
 		return fmt.Errorf("adding the backlog prober: %w", err)
@@ -400,6 +406,7 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	if r.Metrics != nil {
 		r.Metrics.Now = r.Clock.Now
 	}
+	r.probeStats = newProbeCollector(r.prober, r.Measurer)
 
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.OutboxRelay{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).

@@ -54,6 +54,7 @@ func TestController(t *testing.T) {
 		{"CronJobDeletedOrEditedIsRestored", testCronJobDeletedOrEditedIsRestored},
 		{"SecretChangeRollsPodTemplate", testSecretChangeRollsPodTemplate},
 		{"HangingDatabaseDoesNotHoldUpOthers", testHangingDatabaseDoesNotHoldUpOthers},
+		{"FileReadingDSNKeyIsRefused", testFileReadingDSNKeyIsRefused},
 		{"PrinterColumns", testPrinterColumns},
 		{"CanaryPasswordNeverLeaks", testCanaryPasswordNeverLeaks},
 	} {
@@ -230,7 +231,9 @@ func testWrongDSNIsDatabaseUnreachable(t *testing.T, s *suite) {
 	got := s.waitCondition(t, key, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonDatabaseUnreachable)
 	c := findCondition(got, v1alpha1.ConditionDatabaseReachable)
 	require.Equal(t, string(v1alpha1.ReasonDatabaseUnreachable), c.Reason)
-	require.Contains(t, c.Message, "connection refused")
+	require.Contains(t, c.Message, "PostgreSQL is unreachable from the operator")
+	require.NotContains(t, c.Message, "refused", "no error class: it would map the network")
+	require.NotContains(t, c.Message, "127.0.0.1")
 	require.Nil(t, got.Status.Backlog, "nothing was measured")
 	// The relays are deployed anyway: the database may come up.
 	s.deployment(t, key)
@@ -552,7 +555,24 @@ func testHangingDatabaseDoesNotHoldUpOthers(t *testing.T, s *suite) {
 
 	got := s.waitCondition(t, hungKey, v1alpha1.ConditionDatabaseReachable, metav1.ConditionFalse, v1alpha1.ReasonDatabaseUnreachable)
 	require.Contains(t, findCondition(got, v1alpha1.ConditionDatabaseReachable).Message,
-		"no answer from PostgreSQL within "+testBacklogTimeout.String())
+		"PostgreSQL is unreachable from the operator", "a blackhole reads like a refusal")
+}
+
+func testFileReadingDSNKeyIsRefused(t *testing.T, s *suite) {
+	ns := s.namespace(t)
+	dsn, _ := database(t)
+	s.createSecrets(t, ns, "files", dsn+"&sslrootcert=/etc/hostname")
+	relay := newRelay(ns, "files", withFastChecks(), withReplicas(0, 2, 1000, "0s"))
+	s.createRelay(t, relay)
+	key := client.ObjectKeyFromObject(relay)
+
+	got := s.waitCondition(t, key, v1alpha1.ConditionDatabaseReachable, metav1.ConditionFalse, v1alpha1.ReasonDSNKeyNotAllowed)
+	require.Contains(t, findCondition(got, v1alpha1.ConditionDatabaseReachable).Message, "the DSN sets sslrootcert;")
+	require.Equal(t, string(metav1.ConditionTrue), string(findCondition(got, v1alpha1.ConditionSecretsResolved).Status),
+		"the relays may honour the key in their own pods")
+	// The backlog is unknown: min 0 still runs one relay.
+	dep := s.deployment(t, key)
+	require.Equal(t, int32(1), *dep.Spec.Replicas)
 }
 
 func testPrinterColumns(t *testing.T, s *suite) {

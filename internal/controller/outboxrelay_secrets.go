@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
+	"github.com/outbox-dev/outbox-operator/internal/backlog"
 	"github.com/outbox-dev/outbox-operator/internal/redisconn"
 )
 
@@ -86,7 +86,10 @@ func (r *OutboxRelayReconciler) resolveSecrets(ctx context.Context, relay *v1alp
 	if len(values) > 2 {
 		res.redisCA = []byte(values[2])
 	}
-	if _, err := pgconn.ParseConfig(res.dsn); err != nil {
+	// Checked without reading a file: a key that would read one is left to
+	// the backlog check to report (DSNKeyNotAllowed), since the relays,
+	// in the tenant's pods, may honour it.
+	if !backlog.ValidDSN(res.dsn) {
 		// The parse error is not quoted: it may hold parts of the DSN.
 		return nil, &failure{v1alpha1.ReasonDSNInvalid, fmt.Sprintf(
 			"the value of key %q of Secret %q (spec.postgres.dsnSecretRef) is not a PostgreSQL connection string (a postgres:// URL or key=value pairs)",

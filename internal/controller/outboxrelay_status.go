@@ -55,6 +55,7 @@ func computeStatus(st *relayState) v1alpha1.OutboxRelayStatus {
 
 	if last := st.lastSuccess(); last != nil {
 		s.Backlog = ptr.To(last.Backlog.Count)
+		s.BacklogCapped = last.Backlog.Capped
 		s.OldestPendingTime = nil
 		if last.Backlog.Oldest != nil {
 			s.OldestPendingTime = metaTime(*last.Backlog.Oldest)
@@ -166,6 +167,8 @@ func failureReason(c backlog.Cause) v1alpha1.Reason {
 		return v1alpha1.ReasonOutboxTableNotFound
 	case backlog.CauseColumnNotFound:
 		return v1alpha1.ReasonOutboxColumnNotFound
+	case backlog.CauseDSNKeyNotAllowed:
+		return v1alpha1.ReasonDSNKeyNotAllowed
 	}
 	return v1alpha1.ReasonDatabaseUnreachable
 }
