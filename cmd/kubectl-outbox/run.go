@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -113,10 +114,7 @@ func (p *plugin) run(ctx context.Context, o *runOptions, r relayRun) (err error)
 		return err
 	}
 	running = true
-	if err := p.streamLogs(ctx, created.Namespace, name, r.stdout); err != nil && ctx.Err() == nil {
-		_, _ = fmt.Fprintf(r.stderr, "Could not stream the logs of pod %s: %v\n", name, err)
-	}
-	code, err := p.waitExit(ctx, created.Namespace, name)
+	code, err := p.streamUntilExit(ctx, created.Namespace, name, r.stdout, r.stderr)
 	if err != nil {
 		return err
 	}
@@ -174,14 +172,65 @@ func podStarted(pod *corev1.Pod) (bool, error) {
 	return false, nil
 }
 
-func (p *plugin) streamLogs(ctx context.Context, ns, name string, w io.Writer) error {
-	rc, err := p.pods.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Follow: true}).Stream(ctx)
+// streamUntilExit follows the container's log into w until the container
+// has ended, and returns its exit code. A follow that does not end with the
+// container (some kubelets keep it open) is cut after a short wait; the rest
+// of the log is then read without following, skipping what was written.
+func (p *plugin) streamUntilExit(ctx context.Context, ns, name string, w, stderr io.Writer) (int, error) {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cw := &countingWriter{w: w}
+	followed := make(chan error, 1)
+	go func() {
+		rc, err := p.pods.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Follow: true}).Stream(fctx)
+		if err == nil {
+			_, err = io.Copy(cw, rc)
+			_ = rc.Close()
+		}
+		followed <- err
+	}()
+	code, err := p.waitExit(ctx, ns, name)
 	if err != nil {
-		return err
+		return 0, err
+	}
+	var ferr error
+	select {
+	case ferr = <-followed:
+	case <-time.After(2 * time.Second):
+		cancel()
+		<-followed
+	}
+	// The end of the log, when the follow missed it (or failed).
+	rc, err := p.pods.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).Stream(ctx)
+	if err != nil {
+		if ferr != nil {
+			_, _ = fmt.Fprintf(stderr, "Could not read the logs of pod %s: %v\n", name, err)
+		}
+		return code, nil
 	}
 	defer func() { _ = rc.Close() }()
-	_, err = io.Copy(w, rc)
-	return err
+	cw.mu.Lock()
+	written := cw.n
+	cw.mu.Unlock()
+	if _, err := io.CopyN(io.Discard, rc, written); err == nil {
+		_, _ = io.Copy(w, rc)
+	}
+	return code, nil
+}
+
+// countingWriter counts the bytes written through it.
+type countingWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+	n  int64
+}
+
+func (c *countingWriter) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, err := c.w.Write(b)
+	c.n += int64(n)
+	return n, err
 }
 
 // waitExit waits for the container's exit code.
