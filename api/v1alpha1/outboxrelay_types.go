@@ -50,8 +50,11 @@ type PostgresSpec struct {
 
 	// table is the outbox table, optionally schema-qualified (schema.table).
 	// Names are used exactly as written (quoted), so they are case-sensitive.
+	// It cannot change on a live relay: the rows still pending in the old
+	// table would be left without a relay; create a new OutboxRelay instead.
 	// +optional
 	// +kubebuilder:default="outbox_events"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="postgres.table cannot change on a live relay (its pending rows would be left without a relay): create a new OutboxRelay"
 	// +kubebuilder:validation:MaxLength=127
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([A-Za-z_][A-Za-z0-9_]{0,62}[.])?[A-Za-z_][A-Za-z0-9_]{0,62}$')",message="must be table or schema.table, each name at most 63 characters of letters, digits and underscores, not starting with a digit"
 	Table string `json:"table,omitempty"`
@@ -116,6 +119,7 @@ type OutboxColumns struct {
 }
 
 // RedisSpec says where the events go.
+// +kubebuilder:validation:XValidation:rule="!has(self.deadLetterStream) || self.deadLetterStream != (has(self.stream) ? self.stream : 'jobs')",message="redis.deadLetterStream must differ from redis.stream"
 type RedisSpec struct {
 	// urlSecretRef names the Secret key that holds the Redis URL: redis://
 	// or rediss:// (one server), redis-sentinel:// or rediss-sentinel://
@@ -135,9 +139,12 @@ type RedisSpec struct {
 	// +optional
 	CASecretRef *SecretKeyReference `json:"caSecretRef,omitempty"`
 
-	// stream is the Redis stream the relays add the events to.
+	// stream is the Redis stream the relays add the events to. It cannot
+	// change on a live relay: consumers of the old stream would miss what
+	// follows while the relays switch; create a new OutboxRelay instead.
 	// +optional
 	// +kubebuilder:default="jobs"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="redis.stream cannot change on a live relay (consumers of the old stream would silently miss events): create a new OutboxRelay"
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=256
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z0-9_.:{}/-]+$')",message="must be a stream name of letters, digits and _ . : { } / -"
@@ -311,6 +318,7 @@ type CleanupSpec struct {
 	// +kubebuilder:default="17 * * * *"
 	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9A-Za-z*?/,-]+( +[0-9A-Za-z*?/,-]+){4}$')",message="cleanup.schedule must be a cron expression of five fields (minute hour day-of-month month day-of-week), e.g. \"17 * * * *\""
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([*]|([0-5]?[0-9])(-([0-5]?[0-9]))?)(/[0-9]+)?(,([*]|([0-5]?[0-9])(-([0-5]?[0-9]))?)(/[0-9]+)?)* +([*]|([01]?[0-9]|2[0-3])(-([01]?[0-9]|2[0-3]))?)(/[0-9]+)?(,([*]|([01]?[0-9]|2[0-3])(-([01]?[0-9]|2[0-3]))?)(/[0-9]+)?)* +([*]|([1-9]|0[1-9]|[12][0-9]|3[01]|[?])(-([1-9]|0[1-9]|[12][0-9]|3[01]|[?]))?)(/[0-9]+)?(,([*]|([1-9]|0[1-9]|[12][0-9]|3[01]|[?])(-([1-9]|0[1-9]|[12][0-9]|3[01]|[?]))?)(/[0-9]+)?)* +([*]|([1-9]|0[1-9]|1[0-2]|(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec))(-([1-9]|0[1-9]|1[0-2]|(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)))?)(/[0-9]+)?(,([*]|([1-9]|0[1-9]|1[0-2]|(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec))(-([1-9]|0[1-9]|1[0-2]|(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)))?)(/[0-9]+)?)* +([*]|([0-7]|(?i:sun|mon|tue|wed|thu|fri|sat)|[?])(-([0-7]|(?i:sun|mon|tue|wed|thu|fri|sat)|[?]))?)(/[0-9]+)?(,([*]|([0-7]|(?i:sun|mon|tue|wed|thu|fri|sat)|[?])(-([0-7]|(?i:sun|mon|tue|wed|thu|fri|sat)|[?]))?)(/[0-9]+)?)*$')",message="cleanup.schedule has a field out of range: minute 0-59, hour 0-23, day of month 1-31, month 1-12 or jan-dec, day of week 0-7 or sun-sat (each *, a value, a range a-b, a step /n, or a list)"
 	Schedule string `json:"schedule,omitempty"`
 
 	// retention is how long dispatched rows are kept, between 1m and 8760h

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -54,6 +55,16 @@ func testAdmissionRejectsInvalidRelays(t *testing.T, s *suite) {
 			[]string{"spec.postgres.columns.payload", "must be a column name"}},
 		{"ColumnsNotDistinct", map[string]any{"spec.postgres.columns.payload": "id"},
 			[]string{"spec.postgres.columns", "columns must name five different columns"}},
+		{"DeadLetterStreamIsTheStream", map[string]any{"spec.redis.stream": "orders", "spec.redis.deadLetterStream": "orders"},
+			[]string{"spec.redis", "redis.deadLetterStream must differ from redis.stream"}},
+		{"DeadLetterStreamIsTheDefaultStream", map[string]any{"spec.redis.deadLetterStream": "jobs"},
+			[]string{"redis.deadLetterStream must differ from redis.stream"}},
+		{"CronMinuteOutOfRange", map[string]any{"spec.cleanup.schedule": "61 * * * *"},
+			[]string{"spec.cleanup.schedule", "cleanup.schedule has a field out of range"}},
+		{"CronHourOutOfRange", map[string]any{"spec.cleanup.schedule": "0 24 * * *"},
+			[]string{"cleanup.schedule has a field out of range"}},
+		{"CronMonthOutOfRange", map[string]any{"spec.cleanup.schedule": "0 0 1 13 *"},
+			[]string{"cleanup.schedule has a field out of range"}},
 		{"PerKeyWithoutKey", map[string]any{"spec.ordering": "PerKey"},
 			[]string{"ordering PerKey needs postgres.columns.key"}},
 		{"KeyIsAnotherColumn", map[string]any{"spec.ordering": "PerKey", "spec.postgres.columns.key": "created_at"},
@@ -122,6 +133,25 @@ func testAdmissionRejectsInvalidRelays(t *testing.T, s *suite) {
 		require.Error(t, err)
 		require.Contains(t, err.Error(), "spec.postgres.dsnSecretRef")
 		require.Contains(t, err.Error(), "Required value")
+	})
+	t.Run("TableAndStreamCannotChange", func(t *testing.T) {
+		t.Parallel()
+		u := rawRelay(ns, "immutable", nil)
+		require.NoError(t, s.c.Create(context.Background(), u))
+		// patch merges one change (no resourceVersion: the controller writes
+		// the object too) and returns the API server's answer.
+		patch := func(body string) error {
+			return s.c.Patch(context.Background(), u.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(body)))
+		}
+		for field, body := range map[string]string{
+			"postgres.table": `{"spec":{"postgres":{"table":"other_events"}}}`,
+			"redis.stream":   `{"spec":{"redis":{"stream":"other"}}}`,
+		} {
+			err := patch(body)
+			require.Error(t, err, field)
+			require.Contains(t, err.Error(), field+" cannot change on a live relay")
+		}
+		require.NoError(t, patch(`{"spec":{"relay":{"batchSize":100}}}`), "other fields still change")
 	})
 	t.Run("ValidEdgeValuesAreAccepted", func(t *testing.T) {
 		t.Parallel()
