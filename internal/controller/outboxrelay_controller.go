@@ -176,15 +176,22 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	case childErr != nil:
 		return ctrl.Result{}, childErr
 	case st.secretsFailure != nil:
-		// Retried with backoff; creating or fixing the Secret also triggers
-		// a reconcile through the Secret watch.
-		return ctrl.Result{}, st.secretsFailure
+		// A missing prerequisite, not a failure of the reconcile: the
+		// condition says what is missing, and it is looked at again after a
+		// delay; creating or fixing the Secret triggers a reconcile at once
+		// through the Secret watch.
+		log.V(1).Info("Waiting for a prerequisite", "reason", st.secretsFailure.reason, "retryIn", prerequisiteRetryDelay)
+		return ctrl.Result{RequeueAfter: prerequisiteRetryDelay}, nil
 	case st.specFailure != nil:
 		// Only a new spec can fix it, and that triggers a reconcile.
 		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{RequeueAfter: st.requeueAfter(r.backlogTimeout())}, nil
 }
+
+// prerequisiteRetryDelay is how soon a relay whose Secrets are missing or
+// wrong is looked at again when no watch event comes first.
+const prerequisiteRetryDelay = 15 * time.Second
 
 // isConflict reports whether every error joined in err is a conflict (or a
 // cache behind a write): a reason to retry shortly, not a failure.
