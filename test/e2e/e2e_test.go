@@ -400,6 +400,10 @@ spec:
 	// an OutboxRelay, table and stream of its own (ordering_test.go).
 	orderingScenarios()
 
+	// The kubectl plugin (plugin_test.go): against the sample's relay, and an
+	// OutboxRelay, table and stream of its own for dead letters and replay.
+	pluginScenarios()
+
 	// 7b and 6: a second OutboxRelay, on a table of its own so that it never
 	// takes the sample's events.
 	Context("a second OutboxRelay", Ordered, func() {
