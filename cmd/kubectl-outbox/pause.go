@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -43,7 +44,12 @@ takes effect. Prints what changed, or that nothing did.`,
 				return err
 			}
 			patch := fmt.Appendf(nil, `{"spec":{"suspend":%t}}`, pause)
-			if err := p.client.Patch(ctx, relay, client.RawPatch("application/merge-patch+json", patch)); err != nil {
+			err = p.client.Patch(ctx, relay, client.RawPatch("application/merge-patch+json", patch))
+			if apierrors.IsForbidden(err) {
+				return fmt.Errorf("not allowed to patch outboxrelay %q in namespace %q (%s sets spec.suspend: it needs patch on outboxrelays): %w",
+					relay.Name, relay.Namespace, use, err)
+			}
+			if err != nil {
 				return fmt.Errorf("patching outboxrelay %s/%s: %w", relay.Namespace, relay.Name, err)
 			}
 			what := "the relays scale to 0; rows wait in the outbox"

@@ -288,6 +288,46 @@ spec:
 			Expect(r.code).To(Equal(0), "the status shows even when the stream cannot be read")
 			Expect(r.stdout).To(ContainSubstring("Stream e2e-plugin: not read: "))
 
+			By("a user who may only read OutboxRelays: each command says which permission it lacks")
+			_, err = kubectlIn(`apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: e2e-plugin-reader}
+rules:
+- apiGroups: [relay.outbox.dev]
+  resources: [outboxrelays]
+  verbs: [get, list]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: e2e-plugin-reader}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: e2e-plugin-reader}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: e2e-plugin-reader}
+`, "-n", namespace, "apply", "-f", "-")
+			Expect(err).NotTo(HaveOccurred())
+			DeferCleanup(func() {
+				_, _ = kubectlErr("-n", namespace, "delete", "role,rolebinding", "e2e-plugin-reader", "--ignore-not-found")
+			})
+			r = outbox("--as", "e2e-plugin-reader", "doctor", relayName)
+			Expect(r.code).To(Equal(1))
+			Expect(r.stderr).To(ContainSubstring(fmt.Sprintf(`not allowed to create pods in namespace %q`, namespace)))
+			r = outbox("--as", "e2e-plugin-reader", "pause", relayName)
+			Expect(r.code).To(Equal(1))
+			Expect(r.stderr).To(ContainSubstring(fmt.Sprintf(`not allowed to patch outboxrelay %q`, relayName)))
+			r = outbox("--as", "e2e-plugin-reader", "status", relayName)
+			Expect(r.code).To(Equal(0), "the status shows without the right to run a pod")
+			Expect(r.stdout).To(ContainSubstring("not read: not allowed to create pods"))
+
+			By("a user with no rights in the namespace")
+			r = outbox("--as", "e2e-plugin-nobody", "status", relayName)
+			Expect(r.code).To(Equal(1))
+			Expect(r.stderr).To(ContainSubstring(fmt.Sprintf(`not allowed to read outboxrelay %q in namespace %q`, relayName, namespace)))
+			Expect(kubectl("-n", namespace, "get", "outboxrelay", relayName, "-o", "jsonpath={.spec.suspend}")).NotTo(Equal("true"))
+			Expect(commandPods()).To(BeEmpty())
+
 			By("Ctrl-C while the relay runs: the pod is deleted")
 			cmd := exec.Command("kubectl", "outbox", "-n", namespace, "doctor", relayName)
 			cmd.Env = append(kubeEnv(), "PATH="+pluginDir+string(os.PathListSeparator)+os.Getenv("PATH"))
