@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -28,20 +29,16 @@ const waitTimeout = 60 * time.Second
 // not nil and exits meanwhile, it fails at once, quoting the process's output.
 func waitUntil(t *testing.T, p *relayProc, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for {
+	testenv.EventuallyEvery(t, 20*time.Millisecond, waitTimeout, what, func() error {
 		if cond() {
-			return
+			return nil
 		}
 		if p != nil && p.exited() {
 			t.Fatalf("waiting for %s: relay exited (%v)\n--- stdout:\n%s--- stderr:\n%s",
 				what, p.waitErr, p.stdout, p.stderr)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: not within %s", what, waitTimeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return errors.New("not yet")
+	})
 }
 
 // handedOut remembers the ports given to this process's relays, so that two

@@ -244,17 +244,7 @@ func (s *suite) updateRelay(t *testing.T, key types.NamespacedName, change func(
 // last error after suiteTimeout.
 func eventually(t *testing.T, what string, check func() error) {
 	t.Helper()
-	deadline := time.Now().Add(suiteTimeout)
-	var err error
-	for {
-		if err = check(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %v", suiteTimeout, what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.EventuallyEvery(t, 100*time.Millisecond, suiteTimeout, what, check)
 }
 
 // relay reads an OutboxRelay.

@@ -136,5 +136,5 @@ func runInBackground(t *testing.T, fn func(context.Context) error) {
 // waitFor polls cond until it holds, failing after 120s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	require.Eventually(t, cond, 120*time.Second, 10*time.Millisecond, "waiting for: %s", what)
+	testenv.Eventually(t, 120*time.Second, what, testenv.True(cond))
 }

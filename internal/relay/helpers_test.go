@@ -9,7 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 func (b *testBundle) streamLen(t *testing.T) int64 {
@@ -24,7 +25,7 @@ func (b *testBundle) streamLen(t *testing.T) int64 {
 // waitFor polls cond until it holds, failing after 60s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	require.Eventually(t, cond, 60*time.Second, 10*time.Millisecond, "waiting for: %s", what)
+	testenv.Eventually(t, 60*time.Second, what, testenv.True(cond))
 }
 
 func testutilCounter(c prometheus.Collector) float64 { return testutil.ToFloat64(c) }

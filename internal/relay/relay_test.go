@@ -364,7 +364,14 @@ func TestNotifyWakesTheRelay(t *testing.T) {
 	r := b.newRelay(t, Config{PollInterval: time.Hour})
 	stop := runInBackground(t, r)
 	waitFor(t, "first empty pass", func() bool { return r.Ready() == nil })
-	time.Sleep(200 * time.Millisecond) // the listener starts LISTEN in its own goroutine
+	// The listener runs LISTEN in its own goroutine: wait until PostgreSQL
+	// shows its session, rather than for a guessed while.
+	waitFor(t, "the relay's LISTEN session", func() bool {
+		var n int
+		err := b.db.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&n)
+		return err == nil && n == 1
+	})
 	b.insert(t, 1)
 	waitFor(t, "event published on NOTIFY", func() bool { return b.streamLen(t) == 1 })
 	require.NoError(t, stop())

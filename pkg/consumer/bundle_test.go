@@ -193,7 +193,7 @@ func (b *testBundle) deadLetters(t *testing.T) []map[string]string {
 // waitFor polls cond until it holds, failing after 60s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	require.Eventually(t, cond, 60*time.Second, 10*time.Millisecond, "waiting for: %s", what)
+	testenv.Eventually(t, 60*time.Second, what, testenv.True(cond))
 }
 
 // recorder is a handler that writes one effects row per run, in the

@@ -5,10 +5,12 @@ package faults
 import (
 	"testing"
 	"time"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // pollInterval is how often eventually checks its condition.
-const pollInterval = 10 * time.Millisecond
+const pollInterval = testenv.DefaultPoll
 
 // eventually polls cond until it returns nil and returns how long that
 // took; after timeout it fails the test with what and cond's last error.
@@ -23,16 +25,5 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() er
 // for conditions that hold only for milliseconds).
 func eventuallyEvery(t testing.TB, every, timeout time.Duration, what string, cond func() error) time.Duration {
 	t.Helper()
-	start := time.Now()
-	deadline := start.Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return time.Since(start)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, timeout, err)
-		}
-		time.Sleep(every)
-	}
+	return testenv.EventuallyEvery(t, every, timeout, what, cond)
 }

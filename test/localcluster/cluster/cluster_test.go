@@ -109,17 +109,12 @@ func dumpLogs(t *testing.T, s *cluster.State) {
 // eventually polls cond every 250ms until it holds or timeout passes.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, state := cond()
-		if ok {
-			return
+	testenv.EventuallyEvery(t, 250*time.Millisecond, timeout, what, func() error {
+		if ok, state := cond(); !ok {
+			return fmt.Errorf("last: %s", state)
 		}
-		last = state
-		time.Sleep(250 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s; last: %s", timeout, what, last)
+		return nil
+	})
 }
 
 func TestLocalClusterRunsDeploymentsAndJobs(t *testing.T) {
