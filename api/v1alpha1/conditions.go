@@ -145,6 +145,11 @@ const (
 	// ReasonBacklogUnknown: the backlog could not be measured, so whether it
 	// is stalled is unknown (status Unknown).
 	ReasonBacklogUnknown Reason = "BacklogUnknown"
+	// ReasonReconcilePaused: the annotation relay.outbox.dev/reconcile is
+	// "disabled": the operator writes nothing to the Deployment and the
+	// CronJob (they keep running as they are) and goes on measuring the
+	// backlog. Removing the annotation resumes.
+	ReasonReconcilePaused Reason = "ReconcilePaused"
 	// ReasonSuspended: spec.suspend is true; the relays are scaled to zero.
 	ReasonSuspended Reason = "Suspended"
 	// ReasonRelaysProgressing: fewer relays are available (or up to date)
@@ -210,3 +215,11 @@ func (r Reason) IsFailure() bool {
 	}
 	return true
 }
+
+// AnnotationReconcile on an OutboxRelay set to ReconcileDisabled pauses the
+// operator's writes to its children (an incident, work on the Deployment by
+// hand); Ready is False with reason ReconcilePaused while it is set.
+const (
+	AnnotationReconcile = "relay.outbox.dev/reconcile"
+	ReconcileDisabled   = "disabled"
+)

@@ -85,6 +85,10 @@ func (s *ReplicasSpec) GetMin() int32 {
 	return *s.Min
 }
 
+// External reports whether an autoscaler, not the operator, sets the
+// number of relays (replicas.mode External).
+func (s *ReplicasSpec) External() bool { return s.Mode == ReplicasModeExternal }
+
 // GetMax is replicas.max, defaulted, and never below GetMin.
 func (s *ReplicasSpec) GetMax() int32 { return max(cmp.Or(s.Max, DefaultMaxReplicas), s.GetMin()) }
 

@@ -269,13 +269,108 @@ type RelaySpec struct {
 	// affinity of the relay and cleanup pods.
 	// +optional
 	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+
+	// podMetadata adds labels and annotations to the relay and cleanup pods
+	// (cost allocation, service-mesh injection). The labels and annotations
+	// the operator sets itself win.
+	// +optional
+	PodMetadata *PodMetadata `json:"podMetadata,omitempty"`
+
+	// serviceAccountName runs the relay and cleanup pods (and the pods of
+	// kubectl outbox) as this ServiceAccount of the OutboxRelay's namespace,
+	// with its token mounted (workload identity for a cloud database). Empty
+	// means the namespace's default ServiceAccount with no token mounted: the
+	// relay never talks to the API server.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
+	// priorityClassName of the relay and cleanup pods.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+
+	// topologySpreadConstraints of the relay pods (and the cleanup pods),
+	// for example to spread the relays over zones.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	TopologySpreadConstraints []corev1.TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
+
+	// env adds environment variables to the relay and cleanup containers:
+	// RELAY_<FLAG> sets a flag of the relay that the operator does not set
+	// (docs/relay-cli.md), PGSSLROOTCERT and the like configure libpq.
+	// DATABASE_URL and REDIS_URL are the operator's and are refused.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(e, e.name != 'DATABASE_URL' && e.name != 'REDIS_URL')",message="relay.env must not set DATABASE_URL or REDIS_URL: the operator sets them from postgres.dsnSecretRef and redis.urlSecretRef"
+	Env []corev1.EnvVar `json:"env,omitempty"`
+
+	// volumes adds volumes to the relay and cleanup pods, for example a
+	// Secret or ConfigMap with a CA for sslrootcert. The kinds of volume the
+	// restricted Pod Security Standard allows, and no name the operator uses
+	// (redis-ca).
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:XValidation:rule="self.all(v, v.name != 'redis-ca')",message="relay.volumes must not be named redis-ca: the operator mounts redis.caSecretRef under that name"
+	// +kubebuilder:validation:XValidation:rule="self.all(v, has(v.configMap) || has(v.secret) || has(v.emptyDir) || has(v.projected) || has(v.downwardAPI) || has(v.csi) || has(v.persistentVolumeClaim) || has(v.ephemeral))",message="relay.volumes may only be configMap, secret, emptyDir, projected, downwardAPI, csi, persistentVolumeClaim or ephemeral: the kinds the restricted Pod Security Standard admits"
+	Volumes []corev1.Volume `json:"volumes,omitempty"`
+
+	// volumeMounts adds mounts of volumes to the relay and cleanup
+	// containers.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	VolumeMounts []corev1.VolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// PodMetadata are labels and annotations for pods.
+type PodMetadata struct {
+	// labels to add to the pods.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('app.kubernetes.io/'))",message="relay.podMetadata.labels must not set app.kubernetes.io/ labels: the operator selects its pods by them"
+	Labels map[string]string `json:"labels,omitempty"`
+
+	// annotations to add to the pods.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('relay.outbox.dev/'))",message="relay.podMetadata.annotations must not set relay.outbox.dev/ annotations: they are the operator's"
+	Annotations map[string]string `json:"annotations,omitempty"`
 }
 
 // ReplicasSpec sets how many relays run: the backlog divided by
 // targetBacklogPerReplica, rounded up, between min and max.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.min) || !has(self.max) || self.min <= self.max",message="replicas.min must not be greater than replicas.max",fieldPath=".min"
+// +kubebuilder:validation:XValidation:rule="!has(self.mode) || self.mode != 'External' || has(self.count)",message="replicas.count is required when replicas.mode is External: the autoscaler scales from it (start with 1)",fieldPath=".count"
+// +kubebuilder:validation:XValidation:rule="!has(self.count) || (has(self.mode) && self.mode == 'External')",message="replicas.count is only used when replicas.mode is External (kubectl scale and autoscalers need it); in Operator mode the backlog sets the relays between min and max",fieldPath=".count"
 type ReplicasSpec struct {
+	// mode says who sets the number of relays. Operator (the default): the
+	// operator, from the backlog, between min and max. External: an
+	// autoscaler (KEDA, an HPA) through the OutboxRelay's scale subresource,
+	// which writes count; the operator copies count to the Deployment and
+	// ignores min, max, targetBacklogPerReplica and the window. suspend
+	// still scales to 0 in both modes.
+	// +optional
+	// +kubebuilder:default=Operator
+	// +kubebuilder:validation:Enum=Operator;External
+	Mode ReplicasMode `json:"mode,omitempty"`
+
+	// count is the number of relays in External mode: the scale
+	// subresource's replicas (kubectl scale outboxrelay NAME --replicas N
+	// writes it, as KEDA and an HPA do). Required in External mode (start
+	// with 1: an HPA does not scale a target at 0), refused in Operator mode.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	Count *int32 `json:"count,omitempty"`
+
 	// min is the fewest relays that run (0 lets an empty outbox scale the
 	// relays to zero until the next backlog check finds rows).
 	// +optional
@@ -309,6 +404,18 @@ type ReplicasSpec struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('1h')",message="replicas.scaleDownStabilizationWindow must be between 0s and 1h"
 	ScaleDownStabilizationWindow *metav1.Duration `json:"scaleDownStabilizationWindow,omitempty"`
 }
+
+// ReplicasMode says who sets the number of relays.
+type ReplicasMode string
+
+// The replica modes.
+const (
+	// ReplicasModeOperator: the operator scales the relays by the backlog.
+	ReplicasModeOperator ReplicasMode = "Operator"
+	// ReplicasModeExternal: an autoscaler writes replicas.count through the
+	// scale subresource; the operator copies it to the Deployment.
+	ReplicasModeExternal ReplicasMode = "External"
+)
 
 // CleanupSpec shapes the CronJob that deletes dispatched rows.
 type CleanupSpec struct {
@@ -487,6 +594,11 @@ type OutboxRelayStatus struct {
 	// +optional
 	ReplicaSummary string `json:"replicaSummary,omitempty"`
 
+	// selector is the label selector of the relay pods, as a string: the
+	// scale subresource's, which an HPA needs.
+	// +optional
+	Selector string `json:"selector,omitempty"`
+
 	// scaleDownPendingSince is when the backlog started asking for fewer
 	// relays than desiredReplicas; the relays are scaled down once that has
 	// lasted replicas.scaleDownStabilizationWindow. Absent when no scale-down
@@ -516,6 +628,7 @@ type OutboxRelayStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas.count,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:shortName=obr,categories=outbox
 // +kubebuilder:printcolumn:name="Stream",type=string,JSONPath=`.spec.redis.stream`
 // +kubebuilder:printcolumn:name="Backlog",type=integer,JSONPath=`.status.backlog`
@@ -525,6 +638,7 @@ type OutboxRelayStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Ordering",type=string,JSONPath=`.spec.ordering`,priority=1
+// +kubebuilder:printcolumn:name="Scaling",type=string,JSONPath=`.spec.replicas.mode`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 44",message="metadata.name must be at most 44 characters, so that the CronJob <name>-cleanup fits the 52 characters Kubernetes allows"
 type OutboxRelay struct {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -49,6 +50,8 @@ type Status struct {
 
 // Replicas are the relay replicas of the status.
 type Replicas struct {
+	// Mode is spec.replicas.mode: who sets Desired (Operator or External).
+	Mode    string `json:"mode"`
 	Desired *int32 `json:"desired"`
 	Current int32  `json:"current"`
 	Ready   int32  `json:"ready"`
@@ -97,9 +100,10 @@ func statusOf(r *v1alpha1.OutboxRelay) Status {
 		OldestPending:    r.Status.OldestPendingTime,
 		LastBacklogCheck: r.Status.LastBacklogCheckTime,
 		DeadLetters:      r.Status.DeadLetters,
-		Replicas:         Replicas{Desired: r.Status.DesiredReplicas, Current: r.Status.Replicas, Ready: r.Status.ReadyReplicas},
-		Conditions:       []Condition{},
-		RedisChecks:      []Condition{},
+		Replicas: Replicas{Mode: string(cmp.Or(r.Spec.Replicas.Mode, v1alpha1.ReplicasModeOperator)),
+			Desired: r.Status.DesiredReplicas, Current: r.Status.Replicas, Ready: r.Status.ReadyReplicas},
+		Conditions:  []Condition{},
+		RedisChecks: []Condition{},
 	}
 	if c := meta.FindStatusCondition(r.Status.Conditions, string(v1alpha1.ConditionReady)); c != nil {
 		s.Ready = string(c.Status)
@@ -176,6 +180,9 @@ func printStatus(w io.Writer, s Status, now time.Time) error {
 		backlog += fmt.Sprintf(" (checked %s ago)", age(now.Sub(s.LastBacklogCheck.Time)))
 	}
 	desired := orNone(s.Replicas.Desired, func(v int32) string { return fmt.Sprint(v) })
+	if s.Replicas.Mode == string(v1alpha1.ReplicasModeExternal) {
+		desired += " (replicas.mode External: set by an autoscaler through the scale subresource)"
+	}
 	dead := orNone(s.DeadLetters, func(v int64) string { return fmt.Sprint(v) })
 	if s.DeadLetters != nil && *s.DeadLetters > 0 {
 		dead += " (kubectl outbox dead-letters list " + s.Name + ")"

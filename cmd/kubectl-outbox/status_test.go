@@ -93,6 +93,18 @@ func TestPrintStatus(t *testing.T) {
 	require.Contains(t, b.String(), "Stream jobs: does not exist (the first event creates it; after a loss: kubectl outbox replay orders)")
 }
 
+func TestPrintStatusExternalReplicas(t *testing.T) {
+	t.Parallel()
+	r := fixtureRelay()
+	r.Spec.Replicas = v1alpha1.ReplicasSpec{Mode: v1alpha1.ReplicasModeExternal, Count: ptr.To[int32](2)}
+	s := statusOf(r)
+	require.Equal(t, "External", s.Replicas.Mode)
+	var b bytes.Buffer
+	require.NoError(t, printStatus(&b, s, now))
+	require.Contains(t, b.String(), "desired 2 (replicas.mode External: set by an autoscaler through the scale subresource)")
+	require.Equal(t, "Operator", statusOf(fixtureRelay()).Replicas.Mode, "the default mode")
+}
+
 func TestPrintStatusUnmeasured(t *testing.T) {
 	t.Parallel()
 	var b bytes.Buffer

@@ -245,3 +245,81 @@ func TestStreamArgs(t *testing.T) {
 	require.Equal(t, []string{"--wait-replicas=1", "--wait-timeout=500ms", "--trim-max-len=1000", "--trim-max-age=1h0m0s",
 		"--auto-replay", "--auto-replay-max-window=72h0m0s"}, streamArgs(relay))
 }
+
+// TestRelayPodExtras: what spec.relay adds to the pods (labels, annotations,
+// service account, priority class, topology spread, env, volumes and
+// mounts) reaches the relay, cleanup and command pods alike, never replaces
+// what the operator sets, and keeps the restricted security context.
+func TestRelayPodExtras(t *testing.T) {
+	t.Parallel()
+	relay := newRelay("shop", "orders", func(r *v1alpha1.OutboxRelay) {
+		r.Spec.Relay.PodMetadata = &v1alpha1.PodMetadata{
+			Labels:      map[string]string{"team": "payments", LabelComponent: "mine"},
+			Annotations: map[string]string{"sidecar.istio.io/inject": "false", annotationDefaultContainer: "mine"},
+		}
+		r.Spec.Relay.ServiceAccountName = "relay-identity"
+		r.Spec.Relay.PriorityClassName = "outbox-critical"
+		r.Spec.Relay.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{
+			MaxSkew: 1, TopologyKey: "topology.kubernetes.io/zone", WhenUnsatisfiable: corev1.ScheduleAnyway,
+		}}
+		r.Spec.Relay.Env = []corev1.EnvVar{
+			{Name: "PGSSLROOTCERT", Value: "/etc/pg-ca/ca.crt"},
+			{Name: "RELAY_PUBLISH_TIMEOUT", Value: "10s"},
+			{Name: "DATABASE_URL", Value: "postgres://sneaky"}, // admission refuses it; the builder too
+		}
+		r.Spec.Relay.Volumes = []corev1.Volume{{Name: "pg-ca", VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{SecretName: "pg-ca"},
+		}}}
+		r.Spec.Relay.VolumeMounts = []corev1.VolumeMount{{Name: "pg-ca", MountPath: "/etc/pg-ca", ReadOnly: true}}
+	})
+	dep := RelayDeployment(relay, testImage, "h", 1)
+	cj := CleanupCronJob(relay, testImage)
+	cmd := RelayCommandPod(relay, testImage, []string{"backlog"}, nil, false)
+	for name, tmpl := range map[string]struct {
+		meta metav1.ObjectMeta
+		pod  corev1.PodSpec
+	}{
+		"relay":   {dep.Spec.Template.ObjectMeta, dep.Spec.Template.Spec},
+		"cleanup": {cj.Spec.JobTemplate.Spec.Template.ObjectMeta, cj.Spec.JobTemplate.Spec.Template.Spec},
+		"command": {cmd.ObjectMeta, cmd.Spec},
+	} {
+		t.Run(name, func(t *testing.T) {
+			require.Equal(t, "payments", tmpl.meta.Labels["team"])
+			require.NotEqual(t, "mine", tmpl.meta.Labels[LabelComponent], "the operator's labels win")
+			require.Equal(t, "false", tmpl.meta.Annotations["sidecar.istio.io/inject"])
+			require.NotEqual(t, "mine", tmpl.meta.Annotations[annotationDefaultContainer], "the operator's annotations win")
+			pod := tmpl.pod
+			require.Equal(t, "relay-identity", pod.ServiceAccountName)
+			require.Equal(t, ptr.To(true), pod.AutomountServiceAccountToken, "the token is mounted for a named service account")
+			require.Equal(t, "outbox-critical", pod.PriorityClassName)
+			require.Len(t, pod.TopologySpreadConstraints, 1)
+			require.Equal(t, []corev1.Volume{relay.Spec.Relay.Volumes[0]}, pod.Volumes)
+			c := pod.Containers[0]
+			require.Equal(t, relay.Spec.Relay.VolumeMounts, c.VolumeMounts)
+			names := map[string]int{}
+			for _, e := range c.Env {
+				names[e.Name]++
+				if e.Name == "DATABASE_URL" {
+					require.NotNil(t, e.ValueFrom, "DATABASE_URL stays the operator's secretKeyRef")
+				}
+			}
+			require.Equal(t, 1, names["DATABASE_URL"])
+			require.Equal(t, 1, names["PGSSLROOTCERT"])
+			require.Equal(t, 1, names["RELAY_PUBLISH_TIMEOUT"])
+			require.Equal(t, containerSecurityContext(), c.SecurityContext, "still restricted")
+			require.Equal(t, podSecurityContext(), pod.SecurityContext)
+		})
+	}
+	// The builders copy: changing their output leaves the spec alone.
+	dep.Spec.Template.Spec.Volumes[0].Secret.SecretName = "changed"
+	dep.Spec.Template.Spec.Containers[0].VolumeMounts[0].MountPath = "/changed"
+	dep.Spec.Template.Labels["team"] = "changed"
+	require.Equal(t, "pg-ca", relay.Spec.Relay.Volumes[0].Secret.SecretName)
+	require.Equal(t, "/etc/pg-ca", relay.Spec.Relay.VolumeMounts[0].MountPath)
+	require.Equal(t, "payments", relay.Spec.Relay.PodMetadata.Labels["team"])
+
+	// Without a service account: no token, as before.
+	plain := RelayDeployment(newRelay("shop", "orders"), testImage, "h", 1)
+	require.Equal(t, ptr.To(false), plain.Spec.Template.Spec.AutomountServiceAccountToken)
+	require.Empty(t, plain.Spec.Template.Spec.ServiceAccountName)
+}

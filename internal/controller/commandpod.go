@@ -21,8 +21,8 @@ const commandContainerName = "relay"
 // (relay.image wins over image), the DSN Secret as DATABASE_URL through a
 // secretKeyRef, the Redis URL Secret as REDIS_URL (and the Redis CA volume
 // and flag) only when withRedis, the restricted security context, the
-// scheduling of spec.relay, and the layout flags of the table. The pod never
-// restarts, has no service-account token, and its name is generated from
+// scheduling, service account and extras of spec.relay, and the layout flags
+// of the table. The pod never restarts, and its name is generated from
 // <name>-<command[0]>-. It makes no client call.
 func RelayCommandPod(relay *v1alpha1.OutboxRelay, image string, command, flags []string, withRedis bool) *corev1.Pod {
 	args := layoutArgs(relay)
@@ -50,14 +50,11 @@ func RelayCommandPod(relay *v1alpha1.OutboxRelay, image string, command, flags [
 	if len(command) > 0 {
 		prefix += command[0] + "-"
 	}
+	meta := podMeta(relay, labels, map[string]string{annotationDefaultContainer: commandContainerName})
+	meta.GenerateName, meta.Namespace = prefix, relay.Namespace
 	return &corev1.Pod{
-		TypeMeta: metav1.TypeMeta{APIVersion: corev1.SchemeGroupVersion.String(), Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{
-			GenerateName: prefix,
-			Namespace:    relay.Namespace,
-			Labels:       labels,
-			Annotations:  map[string]string{annotationDefaultContainer: commandContainerName},
-		},
-		Spec: ps,
+		TypeMeta:   metav1.TypeMeta{APIVersion: corev1.SchemeGroupVersion.String(), Kind: "Pod"},
+		ObjectMeta: meta,
+		Spec:       ps,
 	}
 }

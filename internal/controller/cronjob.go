@@ -53,10 +53,8 @@ func CleanupCronJob(relay *v1alpha1.OutboxRelay, image string) *batchv1.CronJob 
 				Spec: batchv1.JobSpec{
 					BackoffLimit: ptr.To[int32](2),
 					Template: corev1.PodTemplateSpec{
-						ObjectMeta: metav1.ObjectMeta{
-							Labels:      objectLabels(relay, ComponentCleanup),
-							Annotations: map[string]string{annotationDefaultContainer: cleanupContainerName},
-						},
+						ObjectMeta: podMeta(relay, objectLabels(relay, ComponentCleanup),
+							map[string]string{annotationDefaultContainer: cleanupContainerName}),
 						Spec: pod,
 					},
 				},

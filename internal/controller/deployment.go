@@ -67,13 +67,10 @@ func RelayDeployment(relay *v1alpha1.OutboxRelay, image, secretHash string, repl
 				},
 			},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{
-					Labels: objectLabels(relay, ComponentRelay),
-					Annotations: map[string]string{
-						AnnotationSecretHash:       secretHash,
-						annotationDefaultContainer: relayContainerName,
-					},
-				},
+				ObjectMeta: podMeta(relay, objectLabels(relay, ComponentRelay), map[string]string{
+					AnnotationSecretHash:       secretHash,
+					annotationDefaultContainer: relayContainerName,
+				}),
 				Spec: withRedisCA(relay, podSpec(relay, container)),
 			},
 		},

@@ -107,6 +107,24 @@ func testAdmissionRejectsInvalidRelays(t *testing.T, s *suite) {
 			[]string{"backlog.stalledAfter must be between 10s and 168h"}},
 		{"LogLevelUnknown", map[string]any{"spec.relay.logLevel": "verbose"},
 			[]string{"spec.relay.logLevel", "Unsupported value"}},
+		{"EnvSetsDatabaseURL", map[string]any{"spec.relay.env": []any{map[string]any{"name": "DATABASE_URL", "value": "postgres://x"}}},
+			[]string{"spec.relay.env", "relay.env must not set DATABASE_URL or REDIS_URL"}},
+		{"VolumeHostPath", map[string]any{"spec.relay.volumes": []any{map[string]any{"name": "host", "hostPath": map[string]any{"path": "/"}}}},
+			[]string{"spec.relay.volumes", "the kinds the restricted Pod Security Standard admits"}},
+		{"VolumeNamedRedisCA", map[string]any{"spec.relay.volumes": []any{map[string]any{"name": "redis-ca", "emptyDir": map[string]any{}}}},
+			[]string{"spec.relay.volumes", "relay.volumes must not be named redis-ca"}},
+		{"PodLabelOfTheOperator", map[string]any{"spec.relay.podMetadata.labels": map[string]any{"app.kubernetes.io/instance": "x"}},
+			[]string{"spec.relay.podMetadata.labels", "must not set app.kubernetes.io/ labels"}},
+		{"PodAnnotationOfTheOperator", map[string]any{"spec.relay.podMetadata.annotations": map[string]any{"relay.outbox.dev/secret-hash": "x"}},
+			[]string{"spec.relay.podMetadata.annotations", "must not set relay.outbox.dev/ annotations"}},
+		{"ServiceAccountNameInvalid", map[string]any{"spec.relay.serviceAccountName": "Not_A_Name"},
+			[]string{"spec.relay.serviceAccountName"}},
+		{"ExternalWithoutCount", map[string]any{"spec.replicas.mode": "External"},
+			[]string{"spec.replicas.count", "replicas.count is required when replicas.mode is External"}},
+		{"CountInOperatorMode", map[string]any{"spec.replicas.count": int64(2)},
+			[]string{"spec.replicas.count", "replicas.count is only used when replicas.mode is External"}},
+		{"ModeUnknown", map[string]any{"spec.replicas.mode": "KEDA"},
+			[]string{"spec.replicas.mode", "Unsupported value"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -166,6 +184,24 @@ func testAdmissionRejectsInvalidRelays(t *testing.T, s *suite) {
 		})
 		require.NoError(t, s.c.Create(context.Background(), u))
 	})
+	t.Run("PodExtrasAndExternalModeAreAccepted", func(t *testing.T) {
+		t.Parallel()
+		u := rawRelay(ns, "extras", map[string]any{
+			"spec.replicas.mode":                 "External",
+			"spec.replicas.count":                int64(0),
+			"spec.relay.serviceAccountName":      "relay-identity",
+			"spec.relay.priorityClassName":       "outbox-critical",
+			"spec.relay.podMetadata.labels":      map[string]any{"team": "payments"},
+			"spec.relay.podMetadata.annotations": map[string]any{"sidecar.istio.io/inject": "false"},
+			"spec.relay.env":                     []any{map[string]any{"name": "PGSSLROOTCERT", "value": "/etc/pg-ca/ca.crt"}},
+			"spec.relay.volumes":                 []any{map[string]any{"name": "pg-ca", "secret": map[string]any{"secretName": "pg-ca"}}},
+			"spec.relay.volumeMounts":            []any{map[string]any{"name": "pg-ca", "mountPath": "/etc/pg-ca"}},
+			"spec.relay.topologySpreadConstraints": []any{map[string]any{
+				"maxSkew": int64(1), "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+			}},
+		})
+		require.NoError(t, s.c.Create(context.Background(), u))
+	})
 }
 
 func testAdmissionAppliesDefaults(t *testing.T, s *suite) {
@@ -194,4 +230,6 @@ func testAdmissionAppliesDefaults(t *testing.T, s *suite) {
 	require.Equal(t, &metav1.Duration{Duration: v1alpha1.DefaultBacklogCheckInterval}, spec.Backlog.CheckInterval)
 	require.Equal(t, &metav1.Duration{Duration: 5 * time.Minute}, spec.Backlog.StalledAfter)
 	require.False(t, spec.Suspend)
+	require.Equal(t, v1alpha1.ReplicasModeOperator, spec.Replicas.Mode)
+	require.Nil(t, spec.Replicas.Count)
 }

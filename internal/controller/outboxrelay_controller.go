@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -162,7 +163,7 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	r.decideReplicas(st)
 
 	var childErr error
-	if st.prerequisitesMet() {
+	if st.prerequisitesMet() && !st.reconcilePaused() {
 		childErr = r.updateChildren(ctx, st)
 	}
 	if err := r.updateStatus(ctx, st); err != nil {
@@ -226,6 +227,12 @@ func (r *OutboxRelayReconciler) resolve(ctx context.Context, st *relayState) err
 	return err
 }
 
+// reconcilePaused reports whether the relay's annotation pauses the writes
+// to its children.
+func (st *relayState) reconcilePaused() bool {
+	return st.relay.Annotations[v1alpha1.AnnotationReconcile] == v1alpha1.ReconcileDisabled
+}
+
 // prerequisitesMet reports whether the children can be written: a usable
 // layout and both Secrets.
 func (st *relayState) prerequisitesMet() bool {
@@ -267,6 +274,15 @@ func (r *OutboxRelayReconciler) decideReplicas(st *relayState) {
 	var count *int64
 	if last := st.lastSuccess(); last != nil {
 		count = &last.Backlog.Count
+	}
+	if spec.Replicas.External() {
+		// An autoscaler decides, through the scale subresource: its count
+		// is the Deployment's (admission requires it in this mode).
+		st.decision = scaling.Decision{Replicas: ptr.Deref(spec.Replicas.Count, 1)}
+		if spec.Suspend {
+			st.decision.Replicas = 0
+		}
+		return
 	}
 	prev := scaling.State{Replicas: st.relay.Status.DesiredReplicas}
 	if t := st.relay.Status.ScaleDownPendingSince; t != nil {
@@ -416,7 +432,9 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	r.probeStats = newProbeCollector(r.prober, r.Measurer)
 
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&v1alpha1.OutboxRelay{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// The spec, and the annotations (the reconcile pause).
+		For(&v1alpha1.OutboxRelay{}, builder.WithPredicates(
+			predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		Owns(&appsv1.Deployment{}, builder.WithPredicates(skipCreates)).
 		Owns(&batchv1.CronJob{}, builder.WithPredicates(skipCreates)).
 		WatchesMetadata(&corev1.Secret{},

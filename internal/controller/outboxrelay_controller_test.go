@@ -50,6 +50,9 @@ func TestController(t *testing.T) {
 		{"ParkedRowsAreShownApartFromBacklog", testParkedRowsAreShownApartFromBacklog},
 		{"RedisDurableCondition", testRedisDurableCondition}, // outboxrelay_redis_test.go
 		{"SuspendScalesToZero", testSuspendScalesToZero},
+		{"ExternalReplicasFollowScaleSubresource", testExternalReplicasFollowScaleSubresource}, // outboxrelay_scaling_test.go
+		{"KEDASampleTargetsTheScaleSubresource", testKEDASampleTargetsTheScaleSubresource},
+		{"ReconcilePauseAnnotation", testReconcilePauseAnnotation},
 		{"DeploymentDeletedOrEditedIsRestored", testDeploymentDeletedOrEditedIsRestored},
 		{"CronJobDeletedOrEditedIsRestored", testCronJobDeletedOrEditedIsRestored},
 		{"SecretChangeRollsPodTemplate", testSecretChangeRollsPodTemplate},
@@ -606,7 +609,7 @@ func testPrinterColumns(t *testing.T, s *suite) {
 	for _, c := range table.ColumnDefinitions {
 		names = append(names, c.Name)
 	}
-	require.Equal(t, []string{"Name", "Stream", "Backlog", "Oldest", "Dead-Letters", "Replicas", "Ready", "Reason", "Ordering", "Age"}, names)
+	require.Equal(t, []string{"Name", "Stream", "Backlog", "Oldest", "Dead-Letters", "Replicas", "Ready", "Reason", "Ordering", "Scaling", "Age"}, names)
 	require.Equal(t, int32(1), table.ColumnDefinitions[4].Priority, "Dead-Letters shows with -o wide only")
 	require.Len(t, table.Rows, 1)
 	cells := table.Rows[0].Cells

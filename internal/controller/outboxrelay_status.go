@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -75,6 +76,7 @@ func computeStatus(st *relayState) v1alpha1.OutboxRelayStatus {
 		s.Replicas, s.ReadyReplicas = dep.Status.Replicas, dep.Status.ReadyReplicas
 	}
 	s.ReplicaSummary = fmt.Sprintf("%d/%d", s.ReadyReplicas, ptr.Deref(s.DesiredReplicas, 0))
+	s.Selector = labels.SelectorFromSet(selectorLabels(relay, ComponentRelay)).String()
 	if cj := st.resources.cronJob; cj != nil && cj.Status.LastSuccessfulTime != nil {
 		s.LastCleanupTime = cj.Status.LastSuccessfulTime.DeepCopy()
 	}
@@ -263,6 +265,14 @@ type readyCheck func(st *relayState, c conditions) (condition, bool)
 // readyChain is the order in which problems are reported: what must be
 // fixed first comes first.
 var readyChain = []readyCheck{
+	func(st *relayState, _ conditions) (condition, bool) {
+		if st.reconcilePaused() {
+			return falseCondition(v1alpha1.ReasonReconcilePaused, fmt.Sprintf(
+				"the annotation %s=%s pauses the operator's writes to the Deployment and the CronJob; remove it to resume",
+				v1alpha1.AnnotationReconcile, v1alpha1.ReconcileDisabled)), true
+		}
+		return condition{}, false
+	},
 	func(_ *relayState, c conditions) (condition, bool) {
 		return c.secrets, c.secrets.status != metav1.ConditionTrue
 	},

@@ -3,8 +3,11 @@ package controller
 import (
 	"cmp"
 	"fmt"
+	"maps"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
@@ -83,21 +86,30 @@ func containerSecurityContext() *corev1.SecurityContext {
 }
 
 // podSpec is what the relay and cleanup pods share: security, scheduling,
-// no service-account token (the relay never talks to the API server) and no
-// service links (their environment would only be noise).
+// no service links (their environment would only be noise), and what
+// spec.relay adds: env, volumes and mounts, a service account, a priority
+// class, topology spread. Without a serviceAccountName no token is mounted:
+// the relay never talks to the API server; with one, the token is mounted,
+// for workload identity.
 func podSpec(relay *v1alpha1.OutboxRelay, container corev1.Container) corev1.PodSpec {
 	spec := &relay.Spec.Relay
 	container.ImagePullPolicy = spec.ImagePullPolicy
 	container.Resources = *spec.Resources.DeepCopy()
 	container.SecurityContext = containerSecurityContext()
 	container.TerminationMessagePolicy = corev1.TerminationMessageFallbackToLogsOnError
+	container.Env = withUserEnv(container.Env, spec.Env)
+	container.VolumeMounts = append(container.VolumeMounts, deepCopyAll(spec.VolumeMounts)...)
 	ps := corev1.PodSpec{
 		Containers:                   []corev1.Container{container},
-		AutomountServiceAccountToken: ptr.To(false),
+		AutomountServiceAccountToken: ptr.To(spec.ServiceAccountName != ""),
+		ServiceAccountName:           spec.ServiceAccountName,
+		PriorityClassName:            spec.PriorityClassName,
 		EnableServiceLinks:           ptr.To(false),
 		SecurityContext:              podSecurityContext(),
 		ImagePullSecrets:             cloneSlice(spec.ImagePullSecrets),
-		Tolerations:                  cloneTolerations(spec.Tolerations),
+		Tolerations:                  deepCopyAll(spec.Tolerations),
+		TopologySpreadConstraints:    deepCopyAll(spec.TopologySpreadConstraints),
+		Volumes:                      deepCopyAll(spec.Volumes),
 	}
 	if len(spec.NodeSelector) > 0 {
 		ps.NodeSelector = make(map[string]string, len(spec.NodeSelector))
@@ -124,15 +136,50 @@ func cloneSlice[T any](s []T) []T {
 	return append([]T(nil), s...)
 }
 
-func cloneTolerations(s []corev1.Toleration) []corev1.Toleration {
+// deepCopyAll deep-copies a slice of API structs; nil when empty.
+func deepCopyAll[T any, P interface {
+	*T
+	DeepCopyInto(*T)
+}](s []T) []T {
 	if len(s) == 0 {
 		return nil
 	}
-	out := make([]corev1.Toleration, len(s))
+	out := make([]T, len(s))
 	for i := range s {
-		s[i].DeepCopyInto(&out[i])
+		P(&s[i]).DeepCopyInto(&out[i])
 	}
 	return out
+}
+
+// withUserEnv appends relay.env to the operator's variables; a user variable
+// never replaces one of the operator's (admission refuses DATABASE_URL and
+// REDIS_URL; this keeps the rule for whatever admission let through).
+func withUserEnv(own, user []corev1.EnvVar) []corev1.EnvVar {
+	out := own
+	for i := range user {
+		if !slices.ContainsFunc(own, func(e corev1.EnvVar) bool { return e.Name == user[i].Name }) {
+			var e corev1.EnvVar
+			user[i].DeepCopyInto(&e)
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// podMeta is the metadata of a relay, cleanup or command pod: the labels
+// and annotations of relay.podMetadata under the operator's own, which win.
+func podMeta(relay *v1alpha1.OutboxRelay, labels, annotations map[string]string) metav1.ObjectMeta {
+	m := metav1.ObjectMeta{Labels: map[string]string{}, Annotations: map[string]string{}}
+	if pm := relay.Spec.Relay.PodMetadata; pm != nil {
+		maps.Copy(m.Labels, pm.Labels)
+		maps.Copy(m.Annotations, pm.Annotations)
+	}
+	maps.Copy(m.Labels, labels)
+	maps.Copy(m.Annotations, annotations)
+	if len(m.Annotations) == 0 {
+		m.Annotations = nil
+	}
+	return m
 }
 
 // durationFlag formats a flag whose value is a Go duration.
