@@ -139,7 +139,9 @@ func TestGeneratedRoleMatchesMarkers(t *testing.T) {
 }
 
 // The chart turns the manager's rules into Roles when watchNamespaces is
-// set; that is complete only while every resource they name is namespaced.
+// set, and config/default binds them with RoleBindings in the watched
+// namespaces only; that is complete only while every resource they name is
+// namespaced.
 func TestManagerRulesAreNamespaced(t *testing.T) {
 	t.Parallel()
 	cluster(t)
@@ -152,8 +154,9 @@ func TestManagerRulesAreNamespaced(t *testing.T) {
 		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 		require.NoError(t, err)
 		require.Equal(t, meta.RESTScopeNameNamespace, m.Scope.Name(),
-			"%s is cluster-scoped: with watchNamespaces the chart grants only Roles; "+
-				"give charts/outbox-operator/templates/rbac.yaml a ClusterRole for it", gvk)
+			"%s is cluster-scoped: with watchNamespaces the chart grants only Roles, and config/default "+
+				"only RoleBindings; give charts/outbox-operator/templates/rbac.yaml a ClusterRole for it, "+
+				"and config/default a ClusterRoleBinding", gvk)
 	}
 }
 
