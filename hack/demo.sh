@@ -35,6 +35,18 @@ say "Starting PostgreSQL and Redis on the host for the sample"
 eval "$("$STATE/bin/localcluster" demo-services --state-dir "$STATE")"
 echo "PostgreSQL 127.0.0.1:$PG_PORT, Redis 127.0.0.1:$REDIS_PORT; pods reach them at $GATEWAY (the host's side of the pod network)" >&2
 
+# Both namespaces enforce the restricted Pod Security Standard, as a careful
+# cluster would: the operator, the relays, the cleanup Jobs and the sample must
+# all be admitted under it (the API server's PodSecurity admission refuses any
+# pod that is not).
+say "Namespaces $OPERATOR_NS and $NS: Pod Security restricted (enforce)"
+for ns in "$OPERATOR_NS" "$NS"; do
+	"$KUBECTL" create namespace "$ns" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
+	"$KUBECTL" label namespace "$ns" --overwrite \
+		pod-security.kubernetes.io/enforce=restricted pod-security.kubernetes.io/enforce-version=latest \
+		pod-security.kubernetes.io/warn=restricted pod-security.kubernetes.io/warn-version=latest >/dev/null
+done
+
 say "Installing the operator: helm upgrade --install $RELEASE charts/outbox-operator"
 "$HELM" upgrade --install "$RELEASE" charts/outbox-operator \
 	--namespace "$OPERATOR_NS" --create-namespace \

@@ -212,6 +212,14 @@ func setUpRemote() {
 	env.kubeconfig = os.Getenv("KUBECONFIG")
 	helm := getenv("HELM", filepath.Join(env.root, "bin", "helm"))
 	tag := getenv("E2E_IMAGE_TAG", "dev")
+	By("the operator's and the sample's namespaces enforce the restricted Pod Security Standard")
+	for _, ns := range []string{operatorNS, namespace} {
+		manifest, err := kubectlErr("create", "namespace", ns, "--dry-run=client", "-o", "yaml")
+		Expect(err).NotTo(HaveOccurred())
+		_, err = kubectlIn(manifest, "apply", "-f", "-")
+		Expect(err).NotTo(HaveOccurred())
+		kubectl(append([]string{"label", "namespace", ns, "--overwrite"}, restrictedLabels...)...)
+	}
 	By("installing the operator: helm upgrade --install " + release)
 	cmd := exec.Command(helm, "upgrade", "--install", release, filepath.Join(env.root, "charts", "outbox-operator"),
 		"--namespace", operatorNS, "--create-namespace", "--set", "image.tag="+tag,
@@ -248,6 +256,13 @@ func setUpRemote() {
 		}
 		return nil
 	}
+}
+
+// restrictedLabels make a namespace enforce the restricted Pod Security
+// Standard (hack/demo.sh sets the same on the local cluster).
+var restrictedLabels = []string{
+	"pod-security.kubernetes.io/enforce=restricted", "pod-security.kubernetes.io/enforce-version=latest",
+	"pod-security.kubernetes.io/warn=restricted", "pod-security.kubernetes.io/warn-version=latest",
 }
 
 // sampleConnStrings builds the DSN and Redis URL of the sample's servers at

@@ -95,6 +95,35 @@ var _ = Describe("outbox-operator", Ordered, ContinueOnFailure, func() {
 		Expect(streamLen(deadStream)).To(BeZero())
 	})
 
+	// Pod Security as users run it.
+	It("runs the operator, the relays and the sample in namespaces that enforce restricted Pod Security", func() {
+		for _, ns := range []string{operatorNS, namespace} {
+			Expect(kubectl("get", "namespace", ns, "-o", `jsonpath={.metadata.labels.pod-security\.kubernetes\.io/enforce}`)).
+				To(Equal("restricted"), "namespace %s", ns)
+		}
+		By("the API server enforces it: a privileged pod is refused")
+		_, err := kubectlIn(`apiVersion: v1
+kind: Pod
+metadata: {name: e2e-privileged}
+spec:
+  containers: [{name: c, image: busybox, securityContext: {privileged: true}}]
+`, "-n", namespace, "create", "--dry-run=server", "-f", "-")
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("violates PodSecurity"))
+
+		By("so everything that runs there was admitted under it")
+		Expect(kubectl("-n", operatorNS, "get", "pods", "-l", "app.kubernetes.io/name=outbox-operator",
+			"--field-selector=status.phase=Running", "-o", "name")).NotTo(BeEmpty(), "the operator")
+		apps := []string{"outbox-relay", "orders-api", "worker"}
+		if env.mode != "local" { // the local cluster runs PostgreSQL and Redis on the host
+			apps = append(apps, "postgres", "redis")
+		}
+		for _, app := range apps {
+			Expect(kubectl("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/name="+app,
+				"--field-selector=status.phase=Running", "-o", "name")).NotTo(BeEmpty(), app)
+		}
+	})
+
 	// 7a. Admission.
 	It("refuses invalid OutboxRelays with their messages", func() {
 		base := func(name, spec string) string {
