@@ -9,9 +9,21 @@
 #
 # The builder runs on the build machine's platform and cross-compiles for the
 # target (pure Go, CGO_ENABLED=0), so a multi-arch build needs no emulation.
+#
+# The two base images are build arguments, so that a machine without a registry
+# can substitute equivalents made locally (make image-offline,
+# hack/images/build-offline.sh); the build steps stay the same.
 
+# GO_VERSION is go.mod's Go (the golang image runs with GOTOOLCHAIN=local).
 ARG GO_VERSION=1.26.8
-FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS builder
+# BUILDER_IMAGE compiles the binaries: Go, a shell, CA certificates for the
+# module proxy.
+ARG BUILDER_IMAGE=golang:${GO_VERSION}
+# RUNTIME_IMAGE holds them: CA certificates, tzdata, /etc/passwd with the
+# non-root user 65532.
+ARG RUNTIME_IMAGE=gcr.io/distroless/static:nonroot
+
+FROM --platform=$BUILDPLATFORM ${BUILDER_IMAGE} AS builder
 ARG TARGETOS
 ARG TARGETARCH
 # VERSION is compiled into the manager; its last-resort default relay image is
@@ -38,7 +50,7 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 
 # distroless static: no shell, no package manager, CA certificates and tzdata
 # included; runs as the non-root user 65532.
-FROM gcr.io/distroless/static:nonroot
+FROM ${RUNTIME_IMAGE}
 LABEL org.opencontainers.image.source="https://github.com/outbox-dev/outbox-operator" \
       org.opencontainers.image.description="outbox-operator: transactional-outbox relays from PostgreSQL to Redis streams" \
       org.opencontainers.image.licenses="Apache-2.0"

@@ -153,7 +153,12 @@ func TestDockerfileCopiesEverySourceDir(t *testing.T) {
 	// the controller runs).
 	require.Contains(t, lines, `ENTRYPOINT ["/manager"]`)
 	require.Contains(t, lines, "USER 65532:65532")
-	require.Contains(t, lines, "FROM gcr.io/distroless/static:nonroot")
+	// The base images are build arguments (make image-offline substitutes
+	// local ones); their defaults are the golang and distroless images.
+	require.Contains(t, lines, "ARG BUILDER_IMAGE=golang:${GO_VERSION}")
+	require.Contains(t, lines, "FROM --platform=$BUILDPLATFORM ${BUILDER_IMAGE} AS builder")
+	require.Contains(t, lines, "ARG RUNTIME_IMAGE=gcr.io/distroless/static:nonroot")
+	require.Contains(t, lines, "FROM ${RUNTIME_IMAGE}")
 	require.Contains(t, lines, "COPY --from=builder /out/ /")
 	build := strings.Join(lines, " ")
 	require.Contains(t, build, "CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH}")
