@@ -6,8 +6,14 @@ IMG ?= ghcr.io/outbox-dev/outbox-operator:dev
 IMAGE_REPO ?= ghcr.io/outbox-dev/outbox-operator
 ENVTEST_K8S_VERSION ?= 1.37.2
 
-# CONTAINER_TOOL builds and pushes the image (docker or podman).
+# CONTAINER_TOOL builds and pushes the image: docker, podman or buildah.
 CONTAINER_TOOL ?= docker
+# CONTAINER_BUILD_ARGS are more flags of docker-build, e.g. other base images:
+# --build-arg BUILDER_IMAGE=... --build-arg RUNTIME_IMAGE=... (see the Dockerfile).
+CONTAINER_BUILD_ARGS ?=
+# BUILDAH_ISOLATION is buildah's isolation of the Dockerfile's RUN steps (chroot
+# needs no OCI runtime set up for nested containers; oci is buildah's default).
+BUILDAH_ISOLATION ?= chroot
 # PLATFORMS are the targets of docker-buildx.
 PLATFORMS ?= linux/amd64,linux/arm64
 # KUBECTL talks to the cluster of the current kubeconfig (install, deploy, run).
@@ -156,18 +162,37 @@ run: manifests generate fmt vet install ## Run the manager here against the clus
 # falls back to $(IMAGE_REPO):$(VERSION) when no --relay-image or OPERATOR_IMAGE is set.
 VERSION ?= dev
 
-# require-container-engine fails the target $(1) when $(CONTAINER_TOOL) has no engine to talk to.
+# require-container-engine fails the target $(1) when $(CONTAINER_TOOL) is missing or
+# cannot build: docker needs a running engine; podman and buildah need none (their
+# `info` checks storage and permissions).
 define require-container-engine
-@if ! $(CONTAINER_TOOL) info >/dev/null 2>&1; then \
-	echo "$(1) needs a running Docker engine; this machine has none ($(CONTAINER_TOOL) info failed). Build the image elsewhere, or use \`make build\` for the binaries." >&2; \
+@tool="$(CONTAINER_TOOL)"; \
+if ! command -v "$$tool" >/dev/null 2>&1; then \
+	echo "$(1): $$tool is not installed. Set CONTAINER_TOOL=docker, podman or buildah (apt-get install -y buildah runc), or build without an engine or a registry: make image-offline (docs/install.md)." >&2; \
+	exit 1; \
+fi; \
+if ! "$$tool" info >/dev/null 2>&1; then \
+	case "$$(basename "$$tool")" in \
+	docker) echo "$(1) needs a running Docker engine; this machine has none (docker info failed). Start one, use CONTAINER_TOOL=podman or buildah, or make image-offline; \`make build\` builds the binaries alone." >&2 ;; \
+	*) echo "$(1): $$tool info failed: $$tool cannot use its image storage here (run as root, or set up rootless $$tool: /etc/subuid, /etc/subgid). Its error: $$("$$tool" info 2>&1 | tail -n 1)" >&2 ;; \
+	esac; \
 	exit 1; \
 fi
 endef
 
+# CONTAINER_BUILD is $(CONTAINER_TOOL)'s build command. buildah 1.28 (Debian 12)
+# sets no TARGETOS/TARGETARCH, so they are passed: this machine's platform.
+ifeq ($(notdir $(CONTAINER_TOOL)),buildah)
+CONTAINER_BUILD = $(CONTAINER_TOOL) bud --isolation $(BUILDAH_ISOLATION) --layers \
+	--build-arg TARGETOS=$(shell go env GOOS) --build-arg TARGETARCH=$(shell go env GOARCH)
+else
+CONTAINER_BUILD = $(CONTAINER_TOOL) build
+endif
+
 .PHONY: docker-build
-docker-build: ## Build the image IMG for this machine's platform (needs a Docker engine).
+docker-build: ## Build the image IMG for this machine's platform with CONTAINER_TOOL (docker, podman or buildah).
 	$(call require-container-engine,$@)
-	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) -t $(IMG) .
+	$(CONTAINER_BUILD) --build-arg VERSION=$(VERSION) $(CONTAINER_BUILD_ARGS) -t $(IMG) .
 
 .PHONY: docker-push
 docker-push: ## Push the image IMG.
@@ -176,11 +201,23 @@ docker-push: ## Push the image IMG.
 
 .PHONY: docker-buildx
 docker-buildx: ## Build and push IMG for every platform of PLATFORMS (needs Docker with buildx).
+	@[ "$(notdir $(CONTAINER_TOOL))" = docker ] || { echo "$@ needs Docker with buildx (CONTAINER_TOOL=$(CONTAINER_TOOL)); with podman or buildah, build each platform with --platform into a --manifest list." >&2; exit 1; }
 	$(call require-container-engine,$@)
 	- $(CONTAINER_TOOL) buildx create --name outbox-operator-builder
 	$(CONTAINER_TOOL) buildx use outbox-operator-builder
-	- $(CONTAINER_TOOL) buildx build --push --platform=$(PLATFORMS) --build-arg VERSION=$(VERSION) --tag $(IMG) .
+	- $(CONTAINER_TOOL) buildx build --push --platform=$(PLATFORMS) --build-arg VERSION=$(VERSION) $(CONTAINER_BUILD_ARGS) --tag $(IMG) .
 	- $(CONTAINER_TOOL) buildx rm outbox-operator-builder
+
+# IMAGE_ARCHIVE is the OCI archive of IMG that image-offline writes (for ctr images import).
+IMAGE_ARCHIVE ?= $(LOCALBIN)/images/outbox-operator.oci.tar
+
+.PHONY: image-offline
+image-offline: ## Build IMG from the Dockerfile with buildah and locally made base images (root; no engine, no registry); also writes IMAGE_ARCHIVE.
+	IMG="$(IMG)" VERSION="$(VERSION)" IMAGE_ARCHIVE="$(IMAGE_ARCHIVE)" hack/images/build-offline.sh >/dev/null
+
+.PHONY: test-image
+test-image: image-offline ## Run the image of image-offline with runc (test/image, root): user 65532, read-only root, every binary starts.
+	IMG="$(IMG)" IMAGE_ARCHIVE="$(IMAGE_ARCHIVE)" go test -tags image ./test/image/... -count=1 -v -timeout 10m
 
 # INSTALL_SCOPE picks the kustomization that build-installer, print-installer,
 # deploy and undeploy render: namespaced (the default, config/default: the
