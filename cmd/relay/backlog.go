@@ -19,8 +19,8 @@ func newBacklogCommand(c *common) *cobra.Command {
 		Short: "Print the count of undispatched rows, the oldest created_at and the count of parked rows",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "text" && output != "json" {
-				return fmt.Errorf("--output %q: must be text or json", output)
+			if err := checkOutput(output); err != nil {
+				return err
 			}
 			return withPool(cmd.Context(), c, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
 				b, err := t.Backlog(ctx, db)
@@ -28,7 +28,7 @@ func newBacklogCommand(c *common) *cobra.Command {
 					return err
 				}
 				w := cmd.OutOrStdout()
-				if output == "json" {
+				if output == outputJSON {
 					return json.NewEncoder(w).Encode(b)
 				}
 				oldest := "none"
@@ -41,6 +41,6 @@ func newBacklogCommand(c *common) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	addOutputFlag(cmd.Flags(), &output)
 	return cmd
 }

@@ -29,7 +29,7 @@ func (f *deadLetterFlags) add(cmd *cobra.Command, selecting bool) {
 	fs.Int64SliceVar(&f.ids, "id", nil, "parked row ids (the id column of `list`), repeated or comma-separated")
 	fs.StringVar(&f.since, "since", "", "only rows parked at or after this time (RFC 3339)")
 	fs.StringVar(&f.until, "until", "", "only rows parked before this time (RFC 3339)")
-	fs.StringVarP(&f.output, "output", "o", "text", "text or json")
+	addOutputFlag(fs, &f.output)
 	if selecting {
 		fs.BoolVar(&f.all, "all", false, "every parked row (narrowed by --since and --until); required without --id")
 	}
@@ -39,8 +39,8 @@ func (f *deadLetterFlags) add(cmd *cobra.Command, selecting bool) {
 // bare command never changes every parked row by accident.
 func (f *deadLetterFlags) filter(selecting bool) (outbox.DeadLetterFilter, error) {
 	var out outbox.DeadLetterFilter
-	if f.output != "text" && f.output != "json" {
-		return out, fmt.Errorf("--output %q: must be text or json", f.output)
+	if err := checkOutput(f.output); err != nil {
+		return out, err
 	}
 	if selecting && len(f.ids) == 0 && !f.all {
 		return out, errors.New("select the parked rows with --id, or --all (narrowed by --since and --until)")
@@ -103,7 +103,7 @@ func newDeadLettersListCommand(c *common) *cobra.Command {
 				if rows == nil {
 					rows = []outbox.DeadLetter{}
 				}
-				if f.output == "json" {
+				if f.output == outputJSON {
 					return json.NewEncoder(cmd.OutOrStdout()).Encode(rows)
 				}
 				return printDeadLetters(cmd.OutOrStdout(), rows)
@@ -186,7 +186,7 @@ its new reason; the command then exits with status 1.`,
 }
 
 func printRetry(w io.Writer, output string, res relay.RetryResult) error {
-	if output == "json" {
+	if output == outputJSON {
 		return json.NewEncoder(w).Encode(res)
 	}
 	_, err := fmt.Fprintf(w, "republished %d parked rows %v\n", len(res.Republished), res.Republished)
@@ -212,7 +212,7 @@ func newDeadLettersDiscardCommand(c *common) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if f.output == "json" {
+				if f.output == outputJSON {
 					return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string][]int64{"discarded": ids})
 				}
 				_, err = fmt.Fprintf(cmd.OutOrStdout(), "discarded %d parked rows %v\n", len(ids), ids)

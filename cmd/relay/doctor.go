@@ -48,8 +48,8 @@ Redis that renames it) gets "unknown" (warn) with how to check by hand.
 Exits 1 when a check fails.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.output != "text" && o.output != "json" {
-				return fmt.Errorf("--output %q: must be text or json", o.output)
+			if err := checkOutput(o.output); err != nil {
+				return err
 			}
 			if o.timeout <= 0 {
 				return fmt.Errorf("--timeout %s: must be positive", o.timeout)
@@ -68,7 +68,7 @@ Exits 1 when a check fails.`,
 				report = append(report, doctorRedis(ctx, c, &o)...)
 			}
 			out := cmd.OutOrStdout()
-			if o.output == "json" {
+			if o.output == outputJSON {
 				err = report.WriteJSON(out)
 			} else {
 				err = report.WriteText(out)
@@ -82,7 +82,7 @@ Exits 1 when a check fails.`,
 	fs := cmd.Flags()
 	fs.StringVar(&o.stream, "stream", relay.DefaultStream, "the relay's Redis stream")
 	fs.StringVar(&o.deadLetterStream, "dead-letter-stream", "", "the relay's dead-letter stream (default <stream>.dead)")
-	fs.StringVarP(&o.output, "output", "o", "text", "text or json")
+	addOutputFlag(fs, &o.output)
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "deadline of all checks")
 	fs.BoolVar(&o.skipPostgres, "skip-postgres", false, "check Redis only (DATABASE_URL is not needed)")
 	fs.BoolVar(&o.skipRedis, "skip-redis", false, "check PostgreSQL only (REDIS_URL is not needed)")

@@ -57,14 +57,14 @@ The rows are read, never changed; running the same replay twice only duplicates.
 	fs.IntVar(&o.waitReplicas, "wait-replicas", 0, "WAIT for this many replicas after each pipeline")
 	fs.DurationVar(&o.waitTimeout, "wait-timeout", relay.DefaultWaitTimeout, "how long each pipeline waits for --wait-replicas")
 	fs.IntVar(&o.maxPayloadBytes, "max-payload-bytes", relay.DefaultMaxPayloadBytes, "larger payloads are skipped (they were parked)")
-	fs.StringVarP(&o.output, "output", "o", "text", "text or json")
+	addOutputFlag(fs, &o.output)
 	return cmd
 }
 
 func (o *replayOptions) validate() error {
 	var errs []error
-	if o.output != "text" && o.output != "json" {
-		errs = append(errs, fmt.Errorf("--output %q: must be text or json", o.output))
+	if err := checkOutput(o.output); err != nil {
+		errs = append(errs, err)
 	}
 	if o.pending == (o.since != "") {
 		errs = append(errs, errors.New("give either --since (and optionally --until) or --pending"))
@@ -146,7 +146,7 @@ func runReplay(cmd *cobra.Command, c *common, o *replayOptions) error {
 }
 
 func printReplay(cmd *cobra.Command, output string, res relay.ReplayResult, msg string) error {
-	if output == "json" {
+	if output == outputJSON {
 		return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
 	}
 	_, err := fmt.Fprintln(cmd.OutOrStdout(), msg)

@@ -23,6 +23,26 @@ const (
 	envPrefix      = "RELAY_"
 )
 
+// The values of --output on the read commands (docs/relay-cli.md): text for
+// people, json for scripts.
+const (
+	outputText = "text"
+	outputJSON = "json"
+)
+
+// addOutputFlag adds --output (-o) to a command that prints a result.
+func addOutputFlag(fs *pflag.FlagSet, output *string) {
+	fs.StringVarP(output, "output", "o", outputText, "text or json")
+}
+
+// checkOutput refuses an --output other than text or json.
+func checkOutput(output string) error {
+	if output != outputText && output != outputJSON {
+		return fmt.Errorf("--output %q: must be text or json", output)
+	}
+	return nil
+}
+
 // common are the options every subcommand shares: the outbox layout and
 // logging.
 type common struct {

@@ -36,8 +36,8 @@ func newStreamInfoCommand(c *common) *cobra.Command {
 		Short: "Print the stream's length and each consumer group's consumers, pending count and lag (needs only REDIS_URL)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "text" && output != "json" {
-				return fmt.Errorf("--output %q: must be text or json", output)
+			if err := checkOutput(output); err != nil {
+				return err
 			}
 			redisURL, err := secretEnv(envRedisURL)
 			if err != nil {
@@ -55,7 +55,7 @@ func newStreamInfoCommand(c *common) *cobra.Command {
 				return err
 			}
 			w := cmd.OutOrStdout()
-			if output == "json" {
+			if output == outputJSON {
 				return json.NewEncoder(w).Encode(info)
 			}
 			if !info.Exists {
@@ -71,7 +71,7 @@ func newStreamInfoCommand(c *common) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&stream, "stream", "jobs", "the stream")
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	addOutputFlag(cmd.Flags(), &output)
 	return cmd
 }
 
