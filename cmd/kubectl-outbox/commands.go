@@ -90,7 +90,15 @@ func streamFlags(r relayRun) []string {
 	return flags
 }
 
-func outputFlag(fs *pflag.FlagSet) { fs.StringP("output", "o", "text", "text or json") }
+// The values of -o: text (the default) and json on every command that prints
+// a result (the relay's --output); status also prints yaml.
+const (
+	outputText = "text"
+	outputJSON = "json"
+	outputYAML = "yaml"
+)
+
+func outputFlag(fs *pflag.FlagSet) { fs.StringP("output", "o", outputText, "text or json") }
 
 func newDoctorCommand(p *plugin) *cobra.Command {
 	return newRelayCommand(p, relayCommand{
@@ -160,9 +168,13 @@ func deadLetterFlags(selecting bool) func(fs *pflag.FlagSet) {
 	}
 }
 
+// relayDeadLetters is the relay's command group of the parked rows; kubectl
+// outbox dead-letters has the same name and runs its subcommands.
+const relayDeadLetters = "dead-letters"
+
 func newDeadLettersCommand(p *plugin) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:     "dead-letters",
+		Use:     relayDeadLetters,
 		Aliases: []string{"dl"},
 		Short:   "List, retry or discard the rows parked because they could not be published",
 		Long: `Rows that can never be published (a NULL column, a payload over the limit, an entry
@@ -179,7 +191,7 @@ fixing the cause) or discards them. Each subcommand runs relay dead-letters in a
 			long:  "Runs relay dead-letters list in a pod: id, event id, type, stream, when, attempts, size, reason.",
 			example: `  kubectl outbox dead-letters list orders
   kubectl outbox dead-letters list orders --since 2026-12-01T00:00:00Z -o json`,
-			command: []string{"dead-letters", "list"},
+			command: []string{relayDeadLetters, "list"},
 			addFlags: func(fs *pflag.FlagSet) {
 				deadLetterFlags(false)(fs)
 				fs.Int("limit", 1000, "most rows listed")
@@ -192,7 +204,7 @@ fixing the cause) or discards them. Each subcommand runs relay dead-letters in a
 parked with its new reason, and the command exits 1.`,
 			example: `  kubectl outbox dead-letters retry orders --id 7,8
   kubectl outbox dead-letters retry orders --all`,
-			command:   []string{"dead-letters", "retry"},
+			command:   []string{relayDeadLetters, "retry"},
 			withRedis: true,
 			addFlags: func(fs *pflag.FlagSet) {
 				deadLetterFlags(true)(fs)
@@ -205,7 +217,7 @@ parked with its new reason, and the command exits 1.`,
 			long:  "Runs relay dead-letters discard in a pod. The rows are gone: list them first.",
 			example: `  kubectl outbox dead-letters discard orders --id 7
   kubectl outbox dead-letters discard orders --all --until 2026-12-01T00:00:00Z`,
-			command:  []string{"dead-letters", "discard"},
+			command:  []string{relayDeadLetters, "discard"},
 			addFlags: deadLetterFlags(true),
 		}),
 	)

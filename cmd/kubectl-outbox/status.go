@@ -139,9 +139,12 @@ func parseStreamInfo(out []byte) (*StreamInfo, error) {
 	return nil, fmt.Errorf("no stream-info output in %q", strings.TrimSpace(string(out)))
 }
 
+// unknown is what status prints for a value it could not read.
+const unknown = "unknown"
+
 func orNone[T any](p *T, f func(T) string) string {
 	if p == nil {
-		return "unknown"
+		return unknown
 	}
 	return f(*p)
 }
@@ -173,7 +176,7 @@ func printStatus(w io.Writer, s Status, now time.Time) error {
 	if s.OldestPending != nil {
 		oldest = fmt.Sprintf("%s (%s ago)", s.OldestPending.UTC().Format(time.RFC3339), age(now.Sub(s.OldestPending.Time)))
 	} else if s.Backlog == nil {
-		oldest = "unknown"
+		oldest = unknown
 	}
 	backlog := orNone(s.Backlog, func(v int64) string { return fmt.Sprint(v) })
 	if s.LastBacklogCheck != nil {
@@ -235,7 +238,7 @@ func printStatus(w io.Writer, s Status, now time.Time) error {
 			for _, g := range s.StreamInfo.Groups {
 				lag := fmt.Sprint(g.Lag)
 				if g.Lag < 0 {
-					lag = "unknown"
+					lag = unknown
 				}
 				_, _ = fmt.Fprintf(tw, "  %s\t%d\t%d\t%s\t%s\n", g.Name, g.Consumers, g.Pending, lag, g.LastDeliveredID)
 			}
@@ -273,14 +276,14 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 // encode writes v as json or yaml.
 func encode(w io.Writer, output string, v any) error {
 	switch output {
-	case "json":
+	case outputJSON:
 		b, err := json.MarshalIndent(v, "", "  ")
 		if err != nil {
 			return err
 		}
 		_, err = fmt.Fprintf(w, "%s\n", b)
 		return err
-	case "yaml":
+	case outputYAML:
 		b, err := yaml.Marshal(v)
 		if err != nil {
 			return err
@@ -311,7 +314,7 @@ skips it: the status alone needs only get on outboxrelays).`,
 		Args:              cobra.MaximumNArgs(1),
 		ValidArgsFunction: p.completeRelayNames,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if output != "text" && output != "json" && output != "yaml" {
+			if output != outputText && output != outputJSON && output != outputYAML {
 				return fmt.Errorf("-o %q: must be text, json or yaml", output)
 			}
 			ctx := cmd.Context()
@@ -327,7 +330,7 @@ skips it: the status alone needs only get on outboxrelays).`,
 				for i := range list.Items {
 					out = append(out, statusOf(&list.Items[i]))
 				}
-				if output != "text" {
+				if output != outputText {
 					return encode(cmd.OutOrStdout(), output, out)
 				}
 				if len(out) == 0 {
@@ -358,13 +361,13 @@ skips it: the status alone needs only get on outboxrelays).`,
 					s.StreamInfoError = err.Error()
 				}
 			}
-			if output != "text" {
+			if output != outputText {
 				return encode(cmd.OutOrStdout(), output, s)
 			}
 			return printStatus(cmd.OutOrStdout(), s, time.Now())
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text, json or yaml")
+	cmd.Flags().StringVarP(&output, "output", "o", outputText, "text, json or yaml")
 	cmd.Flags().BoolVar(&streamInfo, "stream-info", true, "read the stream's length and consumer groups (runs relay stream-info in a pod)")
 	cmd.Flags().StringVar(&o.image, "image", "", "the relay image of the stream-info pod (default: the image of the relay Deployment)")
 	cmd.Flags().DurationVar(&o.timeout, "timeout", 2*time.Minute, "end the stream-info pod after this long")
