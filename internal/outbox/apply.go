@@ -26,7 +26,7 @@ func (t *Table) ApplyDDL(ctx context.Context, db pgtx.Beginner, ddl string) erro
 		return err
 	})
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") { // unique_violation, duplicate_table
+	if errors.As(err, &pgErr) && (pgErr.Code == codeUniqueViolation || pgErr.Code == codeDuplicateTable) {
 		return nil
 	}
 	if err != nil {

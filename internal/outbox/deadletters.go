@@ -88,7 +88,7 @@ func (f DeadLetterFilter) args() []any {
 // classifyDeadLetters maps a missing dead-letter table to its sentinel.
 func (t *Table) classifyDeadLetters(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+	if errors.As(err, &pgErr) && (pgErr.Code == codeUndefinedTable || pgErr.Code == codeInvalidSchemaName) {
 		return fmt.Errorf("%w: %s (create it with `relay schema --apply`, or apply `relay schema`'s CREATE TABLE for it): %w",
 			ErrDeadLetterTableNotFound, t.DeadLetterTable(), err)
 	}

@@ -49,15 +49,25 @@ var (
 	ErrColumnNotFound = errors.New("outbox column not found")
 )
 
+// The SQLSTATE codes of the PostgreSQL errors the package tells apart
+// (PostgreSQL's documentation, appendix A).
+const (
+	codeUniqueViolation   = "23505"
+	codeUndefinedColumn   = "42703"
+	codeUndefinedTable    = "42P01"
+	codeDuplicateTable    = "42P07"
+	codeInvalidSchemaName = "3F000"
+)
+
 // classify maps PostgreSQL errors that mean "wrong layout" to the package's
 // sentinels, keeping the original error in the chain.
 func (t *Table) classify(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
-		case "42P01", "3F000": // undefined_table, invalid_schema_name
+		case codeUndefinedTable, codeInvalidSchemaName:
 			return fmt.Errorf("%w: %s: %w", ErrTableNotFound, t, err)
-		case "42703": // undefined_column
+		case codeUndefinedColumn:
 			return fmt.Errorf("%w: %s: %w", ErrColumnNotFound, t, err)
 		}
 	}

@@ -82,7 +82,7 @@ func (t *Table) PendingStreamResets(ctx context.Context, q Querier, stream strin
 	var p PendingResets
 	err := q.QueryRow(ctx, t.resets(pendingStreamResetsSQL), stream).Scan(&p.Count, &p.WindowStart, &p.WindowEnd, &p.LastDetected)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: no reset was ever recorded
+	if errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable { // no reset was ever recorded
 		return PendingResets{}, nil
 	}
 	if err != nil {
@@ -97,7 +97,7 @@ func (t *Table) PendingStreamResets(ctx context.Context, q Querier, stream strin
 func (t *Table) MarkStreamResetsReplayed(ctx context.Context, q Querier, stream string, since, until time.Time) (int64, error) {
 	tag, err := q.Exec(ctx, t.resets(markStreamResetsReplayedSQL), stream, since, until)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+	if errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
 		return 0, nil
 	}
 	if err != nil {

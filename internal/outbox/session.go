@@ -39,14 +39,10 @@ type SessionSettings struct {
 	StablePlans bool
 }
 
-// stablePlanParams turn off the plan shapes that are only right when the
-// statistics are: each is still used where nothing else can run the query.
-var stablePlanParams = map[string]string{
-	"enable_seqscan":    "off",
-	"enable_bitmapscan": "off",
-	"enable_hashjoin":   "off",
-	"enable_mergejoin":  "off",
-}
+// stablePlanParams are the planner settings StablePlans sets to off: the plan
+// shapes that are only right when the statistics are. Each is still used
+// where nothing else can run the query.
+var stablePlanParams = []string{"enable_seqscan", "enable_bitmapscan", "enable_hashjoin", "enable_mergejoin"}
 
 // RuntimeParams returns the settings as pgx ConnConfig.RuntimeParams, with
 // TimeZone UTC (see the package doc).
@@ -79,8 +75,8 @@ func (s SessionSettings) RuntimeParams() map[string]string {
 		p["tcp_keepalives_count"] = strconv.Itoa(s.TCP.KeepaliveCount)
 	}
 	if s.StablePlans {
-		for k, v := range stablePlanParams {
-			p[k] = v
+		for _, k := range stablePlanParams {
+			p[k] = "off"
 		}
 	}
 	return p
