@@ -48,8 +48,19 @@ const (
 	Cluster  Kind = "cluster"
 )
 
+// The URL schemes of each kind; the rediss ones are TLS.
+const (
+	schemeRedis       = "redis"
+	schemeRedisTLS    = "rediss"
+	schemeUnix        = "unix"
+	schemeSentinel    = "redis-sentinel"
+	schemeSentinelTLS = "rediss-sentinel"
+	schemeCluster     = "redis-cluster"
+	schemeClusterTLS  = "rediss-cluster"
+)
+
 // Schemes are the URL schemes Parse accepts.
-var Schemes = []string{"redis", "rediss", "unix", "redis-sentinel", "rediss-sentinel", "redis-cluster", "rediss-cluster"}
+var Schemes = []string{schemeRedis, schemeRedisTLS, schemeUnix, schemeSentinel, schemeSentinelTLS, schemeCluster, schemeClusterTLS}
 
 // Target is a parsed URL.
 type Target struct {
@@ -86,25 +97,25 @@ func Parse(raw string) (*Target, error) {
 		return nil, errInvalid("it does not parse as a URL")
 	}
 	switch u.Scheme {
-	case "redis", "rediss", "unix":
-		if u.Scheme == "unix" && u.Path == "" || u.Scheme != "unix" && u.Host == "" {
+	case schemeRedis, schemeRedisTLS, schemeUnix:
+		if u.Scheme == schemeUnix && u.Path == "" || u.Scheme != schemeUnix && u.Host == "" {
 			return nil, errInvalid("no host (or socket path)")
 		}
 		o, err := redis.ParseURL(raw)
 		if err != nil {
 			return nil, errInvalid("go-redis refused it (check the host, port, database number and query parameters)")
 		}
-		return &Target{Kind: Single, TLS: u.Scheme == "rediss", Addrs: []string{o.Addr}, single: o}, nil
-	case "redis-sentinel", "rediss-sentinel":
+		return &Target{Kind: Single, TLS: u.Scheme == schemeRedisTLS, Addrs: []string{o.Addr}, single: o}, nil
+	case schemeSentinel, schemeSentinelTLS:
 		return parseSentinel(u)
-	case "redis-cluster", "rediss-cluster":
+	case schemeCluster, schemeClusterTLS:
 		plain := *u
 		plain.Scheme = strings.TrimSuffix(u.Scheme, "-cluster")
 		o, err := redis.ParseClusterURL(plain.String())
 		if err != nil {
 			return nil, errInvalid("go-redis refused the cluster URL (check the hosts, ports and query parameters)")
 		}
-		return &Target{Kind: Cluster, TLS: plain.Scheme == "rediss", Addrs: o.Addrs, cluster: o}, nil
+		return &Target{Kind: Cluster, TLS: plain.Scheme == schemeRedisTLS, Addrs: o.Addrs, cluster: o}, nil
 	case "":
 		return nil, errInvalid("no scheme")
 	}
@@ -162,7 +173,7 @@ func parseSentinel(u *url.URL) (*Target, error) {
 	if o.MasterName == "" {
 		return nil, errInvalid("a sentinel URL needs ?master_name=<the master's name>")
 	}
-	return &Target{Kind: Sentinel, TLS: u.Scheme == "rediss-sentinel", Addrs: o.SentinelAddrs,
+	return &Target{Kind: Sentinel, TLS: u.Scheme == schemeSentinelTLS, Addrs: o.SentinelAddrs,
 		MasterName: o.MasterName, sentinel: o}, nil
 }
 
@@ -289,9 +300,9 @@ func (o Options) apply(dial, read, write *time.Duration, pool *int) {
 	}
 }
 
-// New parses url and returns its client: Parse, then Client.
-func New(url string, o Options) (redis.UniversalClient, *Target, error) {
-	t, err := Parse(url)
+// New parses raw and returns its client: Parse, then Client.
+func New(raw string, o Options) (redis.UniversalClient, *Target, error) {
+	t, err := Parse(raw)
 	if err != nil {
 		return nil, nil, err
 	}
