@@ -122,7 +122,7 @@ func doctorPostgres(ctx context.Context, table *outbox.Table) doctor.Report {
 
 func doctorRedis(ctx context.Context, c *common, o *doctorOptions) doctor.Report {
 	fail := func(msg, fix string) doctor.Report {
-		return doctor.Report{{Name: "redis.connection", Status: doctor.Fail, Reason: doctor.ReasonUnreachable, Message: msg, Fix: fix}}
+		return doctor.Report{{Name: doctor.ConnectionCheckName, Status: doctor.Fail, Reason: doctor.ReasonUnreachable, Message: msg, Fix: fix}}
 	}
 	redisURL, err := secretEnv(envRedisURL)
 	if err != nil {

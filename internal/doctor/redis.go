@@ -173,9 +173,12 @@ func RedisChecks(f RedisFacts, t RedisTarget) Report {
 	return r
 }
 
+// ConnectionCheckName is the name of the check ConnectionCheck makes.
+const ConnectionCheckName = "redis.connection"
+
 // ConnectionCheck: PING answered, after authentication.
 func ConnectionCheck(f RedisFacts) Check {
-	c := Check{Name: "redis.connection"}
+	c := Check{Name: ConnectionCheckName}
 	switch {
 	case f.AuthFailed:
 		c.Status, c.Reason = Fail, ReasonAuthFailed
@@ -246,6 +249,13 @@ func EvictionCheck(f RedisFacts) Check {
 	return c
 }
 
+// The values of CONFIG GET appendonly; PersistenceCheck reads INFO's
+// aof_enabled (1 or 0) into them when CONFIG is denied.
+const (
+	appendOnlyYes = "yes"
+	appendOnlyNo  = "no"
+)
+
 // PersistenceCheck: what a restart of Redis keeps. AOF with fsync always or
 // everysec keeps everything (everysec: a crash of the host may lose the
 // last second); RDB snapshots alone lose what came after the last one; no
@@ -258,35 +268,35 @@ func PersistenceCheck(f RedisFacts) Check {
 	if f.Config == nil && f.Info != nil {
 		switch f.Info["aof_enabled"] {
 		case "1":
-			aof = "yes"
+			aof = appendOnlyYes
 		case "0":
-			aof = "no"
+			aof = appendOnlyNo
 		}
 	}
 	switch {
-	case aof == "yes" && (fsync == "always" || fsync == "everysec"):
+	case aof == appendOnlyYes && (fsync == "always" || fsync == "everysec"):
 		c.Status, c.Reason = OK, ReasonPersistent
 		c.Message = "AOF on with appendfsync " + fsync + ": a restart keeps every acknowledged entry"
 		if fsync == "everysec" {
 			c.Message += " (a crash of the host itself may lose up to the last second)"
 		}
 		c.Message += "."
-	case aof == "yes" && fsync == "no":
+	case aof == appendOnlyYes && fsync == "no":
 		c.Status, c.Reason = Warn, ReasonFsyncLax
 		c.Message = "AOF on with appendfsync no: the OS writes the file when it likes (about 30 s on Linux); a crash of the host loses those entries."
 		c.Fix = "CONFIG SET appendfsync everysec (or always)."
-	case aof == "yes":
+	case aof == appendOnlyYes:
 		c.Status, c.Reason = OK, ReasonPersistent
 		c.Message = "AOF on (appendfsync unknown: " + firstNonEmpty(f.ConfigErr, "not reported") + ")."
-	case aof == "no" && saveKnown && strings.TrimSpace(save) != "":
+	case aof == appendOnlyNo && saveKnown && strings.TrimSpace(save) != "":
 		c.Status, c.Reason = Warn, ReasonPersistenceWeak
 		c.Message = "AOF off, RDB snapshots only (save " + save + "): a restart loses every entry added since the last snapshot."
 		c.Fix = "CONFIG SET appendonly yes and appendfsync everysec (and in redis.conf)."
-	case aof == "no" && saveKnown:
+	case aof == appendOnlyNo && saveKnown:
 		c.Status, c.Reason = Fail, ReasonPersistenceOff
 		c.Message = "no persistence (appendonly no, save \"\"): a restart of Redis loses every entry, and their outbox rows are already marked dispatched."
 		c.Fix = "CONFIG SET appendonly yes and appendfsync everysec (and in redis.conf); until then, `relay replay` can republish a window from the table before cleanup deletes it."
-	case aof == "no":
+	case aof == appendOnlyNo:
 		c.Status, c.Reason = Warn, ReasonCheckUnknown
 		c.Message = "AOF is off and whether RDB snapshots are taken is unknown: " + firstNonEmpty(f.ConfigErr, "CONFIG GET save not answered") + "."
 		c.Fix = unknownFix
@@ -425,7 +435,7 @@ func Summarize(r Report) Summary {
 		}
 		return c.Message
 	}
-	if c, ok := pick(func(c Check) bool { return c.Name == "redis.connection" && c.Status == Fail }); ok {
+	if c, ok := pick(func(c Check) bool { return c.Name == ConnectionCheckName && c.Status == Fail }); ok {
 		return Summary{"Unknown", c.Reason, msg(c)}
 	}
 	if c, ok := pick(func(c Check) bool { return c.Status == Fail }); ok {
@@ -439,7 +449,7 @@ func Summarize(r Report) Summary {
 	}
 	parts := make([]string, 0, len(r))
 	for _, c := range r {
-		if c.Name != "redis.connection" {
+		if c.Name != ConnectionCheckName {
 			parts = append(parts, c.Message)
 		}
 	}
