@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outbox-dev/outbox-operator/internal/relay"
 )
 
 // keyColumn is the key column the PerKey rows use; every mode's rows carry
@@ -19,7 +21,7 @@ const (
 // modeConfig is one row of the ordering table: an --ordering value and the
 // relay processes running it (for Strict, one active and the rest standbys).
 type modeConfig struct {
-	ordering string
+	ordering relay.Ordering
 	relays   int
 }
 
@@ -27,8 +29,8 @@ func (m modeConfig) String() string { return fmt.Sprintf("%s:%d", m.ordering, m.
 
 // args are the relay flags of the mode.
 func (m modeConfig) args() []string {
-	args := []string{"--ordering=" + m.ordering}
-	if m.ordering == "PerKey" {
+	args := []string{"--ordering=" + string(m.ordering)}
+	if m.ordering == relay.OrderingPerKey {
 		args = append(args, "--key-column="+keyColumn)
 	}
 	return args
@@ -38,10 +40,10 @@ func (m modeConfig) args() []string {
 // partitions there are (0: not an ordered mode).
 func (m modeConfig) owners() (relays, partitions int) {
 	switch m.ordering {
-	case "Strict":
+	case relay.OrderingStrict:
 		return 1, 1
-	case "PerKey":
-		return min(m.relays, 32), 32 // the relay's default --partitions
+	case relay.OrderingPerKey:
+		return min(m.relays, relay.DefaultPartitions), relay.DefaultPartitions // the relay's default --partitions
 	}
 	return 0, 0
 }
@@ -55,7 +57,7 @@ func parseModes(s string) ([]modeConfig, error) {
 	}
 	for _, f := range strings.Split(s, ",") {
 		name, count, _ := strings.Cut(strings.TrimSpace(f), ":")
-		m := modeConfig{ordering: name, relays: 1}
+		m := modeConfig{ordering: relay.Ordering(name), relays: 1}
 		if count != "" {
 			n, err := strconv.Atoi(count)
 			if err != nil || n < 1 {
@@ -63,7 +65,7 @@ func parseModes(s string) ([]modeConfig, error) {
 			}
 			m.relays = n
 		}
-		if !slices.Contains([]string{"None", "Strict", "PerKey"}, m.ordering) {
+		if !slices.Contains([]relay.Ordering{relay.OrderingNone, relay.OrderingStrict, relay.OrderingPerKey}, m.ordering) {
 			return nil, fmt.Errorf("mode %q: the ordering must be None, Strict or PerKey", f)
 		}
 		out = append(out, m)
@@ -226,12 +228,12 @@ func (e *benchEnv) runModes(ctx context.Context, o options, modes []modeConfig) 
 // modeLabel names a mode row for the table.
 func modeLabel(m modeConfig) string {
 	switch m.ordering {
-	case "Strict":
+	case relay.OrderingStrict:
 		if m.relays > 1 {
 			return fmt.Sprintf("Strict, 1 active + %d standby", m.relays-1)
 		}
 		return "Strict, 1 relay"
-	case "PerKey":
+	case relay.OrderingPerKey:
 		return fmt.Sprintf("PerKey, %d relay(s), %d keys", m.relays, keyCount)
 	}
 	return fmt.Sprintf("None, %d relay(s)", m.relays)
