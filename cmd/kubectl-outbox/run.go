@@ -198,7 +198,7 @@ func (p *plugin) streamUntilExit(ctx context.Context, ns, name string, w, stderr
 	case ferr = <-followed:
 	case <-time.After(2 * time.Second):
 		cancel()
-		<-followed
+		<-followed //nolint:errcheck // the follow's error is then the cancel's; the read below gets the end of the log
 	}
 	// The end of the log, when the follow missed it (or failed).
 	rc, err := p.pods.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).Stream(ctx)

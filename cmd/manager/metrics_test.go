@@ -121,7 +121,7 @@ func TestMetricsEndpointRequiresAuthorization(t *testing.T) {
 			resp, err = client.Do(req) //nolint:bodyclose // closed below
 			return err == nil
 		}, 30*time.Second, 100*time.Millisecond, "the metrics endpoint never answered: %v", err)
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		body, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
 		return resp, string(body)

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -75,7 +76,7 @@ func NewRelayMetrics() *RelayMetrics {
 			"spec.backlog.stalledAfter: the age of the oldest pending row past which the backlog counts as stalled."),
 		condition: prometheus.NewDesc("outbox_operator_relay_condition",
 			"1 for each condition of the OutboxRelay's status, labelled with its type, status (True, False, Unknown) and reason.",
-			append(labels, "type", "status", "reason"), nil),
+			slices.Concat(labels, []string{"type", "status", "reason"}), nil),
 	}
 }
 

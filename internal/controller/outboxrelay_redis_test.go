@@ -105,7 +105,7 @@ func testRedisDurableCondition(t *testing.T, s *suite) {
 	// Persistence turned off.
 	require.NoError(t, admin.ConfigSet(ctx, "appendonly", "no").Err())
 	s.createSecret(t, ns, "orders-redis", "url", url("2"))
-	got = s.waitCondition(t, key, v1alpha1.ConditionRedisDurable, metav1.ConditionFalse, v1alpha1.ReasonRedisPersistenceOff)
+	s.waitCondition(t, key, v1alpha1.ConditionRedisDurable, metav1.ConditionFalse, v1alpha1.ReasonRedisPersistenceOff)
 	require.Equal(t, corev1.EventTypeWarning, s.waitEvent(t, key, v1alpha1.ReasonRedisPersistenceOff).Type)
 
 	// Unreachable: Unknown, not False.

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -269,7 +270,7 @@ func (t *Table) format(tmpl string, extra ...any) string {
 		t.qualified(t.objectName("20261201")),  // 12 (an example partition)
 		t.qualified(t.objectName("default")),   // 13
 	}
-	return fmt.Sprintf(tmpl, append(args, extra...)...)
+	return fmt.Sprintf(tmpl, slices.Concat(args, extra)...)
 }
 
 // quoteLiteral quotes a string known to match the identifier pattern (or a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -263,11 +264,7 @@ func (o *ownership) rebalance(ctx context.Context, start int) error {
 }
 
 func (o *ownership) sortedHeld() []int64 {
-	var ps []int64
-	for p := range o.held {
-		ps = append(ps, p)
-	}
-	slices.Sort(ps)
+	ps := slices.Sorted(maps.Keys(o.held))
 	slices.Reverse(ps)
 	return ps
 }

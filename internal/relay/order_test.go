@@ -225,7 +225,8 @@ func TestPerKeyOrderWhileRelaysComeAndGo(t *testing.T) {
 		}
 		return r
 	}
-	stops := []func() error{runInBackground(t, newRelay())}
+	stops := make([]func() error, 0, 3)
+	stops = append(stops, runInBackground(t, newRelay()))
 	waitFor(t, "the first relay publishing", func() bool { return published.Load() > 500 })
 	stops = append(stops, runInBackground(t, newRelay()), runInBackground(t, newRelay()))
 	waitFor(t, "more published with three relays", func() bool { return published.Load() > 2500 })

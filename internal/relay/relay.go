@@ -151,7 +151,7 @@ func (r *Relay) pipeline(ctx context.Context, o *ownership) {
 		p.tokens <- struct{}{}
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { r.publisher(ctx, p, o) })
+	wg.Go(func() { r.publisher(p, o) })
 	r.claimer(ctx, p, o)
 	close(p.queue)
 	wg.Wait()
@@ -211,8 +211,9 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 }
 
 // publisher publishes and commits the batches in the order they were
-// claimed, until the claimer closes the queue.
-func (r *Relay) publisher(ctx context.Context, p *pipe, o *ownership) {
+// claimed, until the claimer closes the queue (not when the context ends:
+// every claimed batch is finished or rolled back).
+func (r *Relay) publisher(p *pipe, o *ownership) {
 	for b := range p.queue {
 		if b.epoch != p.epoch.Load() {
 			r.rollback(b) // claimed past a batch that failed

@@ -217,6 +217,8 @@ func (p *process) exited() bool {
 
 // stop sends sig to the process and waits for it to exit. After grace it kills
 // the whole process group and reports that it had to.
+//
+//nolint:unparam // each server passes its own timeout (pgStopTimeout, redisStopTimeout), equal today.
 func (p *process) stop(sig syscall.Signal, grace time.Duration) error {
 	if p.exited() {
 		return nil

@@ -103,8 +103,9 @@ func TestChartMonitoring(t *testing.T) {
 	require.JSONEq(t, string(dashboard), got)
 
 	// The NetworkPolicies: the manager's, and the relays' in each namespace.
-	var namespaces []string
-	for _, o := range ofKind(objs, "NetworkPolicy") {
+	policies := ofKind(objs, "NetworkPolicy")
+	namespaces := make([]string, 0, len(policies))
+	for _, o := range policies {
 		var np networkingv1.NetworkPolicy
 		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &np))
 		require.ElementsMatch(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}, np.Spec.PolicyTypes)
