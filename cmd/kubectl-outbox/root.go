@@ -105,7 +105,8 @@ func (p *plugin) relay(ctx context.Context, name string) (*v1alpha1.OutboxRelay,
 	err := p.client.Get(ctx, client.ObjectKey{Namespace: p.namespace, Name: name}, r)
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("outboxrelay %q not found in namespace %q (kubectl get outboxrelays -n %s lists them)", name, p.namespace, p.namespace)
+		return nil, fmt.Errorf("outboxrelay %q not found in namespace %q (kubectl get outboxrelays -n %s lists them)",
+			name, p.namespace, p.namespace)
 	case apierrors.IsForbidden(err):
 		return nil, fmt.Errorf("not allowed to read outboxrelay %q in namespace %q: %w", name, p.namespace, err)
 	case err != nil:

@@ -83,7 +83,8 @@ func (p *plugin) run(ctx context.Context, o *runOptions, r relayRun) (err error)
 	}
 	created, err := p.pods.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if apierrors.IsForbidden(err) {
-		return fmt.Errorf("not allowed to create pods in namespace %q (kubectl outbox runs the relay as a pod there: it needs create, get and delete on pods and get on pods/log): %w", pod.Namespace, err)
+		return fmt.Errorf("not allowed to create pods in namespace %q (kubectl outbox runs the relay as a pod there: "+
+			"it needs create, get and delete on pods and get on pods/log): %w", pod.Namespace, err)
 	}
 	if err != nil {
 		return fmt.Errorf("creating the relay pod: %w", err)

@@ -14,7 +14,8 @@ func TestPodStarted(t *testing.T) {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "orders-backlog-x"},
 			Status: corev1.PodStatus{Phase: phase, ContainerStatuses: []corev1.ContainerStatus{{Name: "relay", State: st}}}}
 	}
-	started, err := podStarted(pod(corev1.PodPending, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}))
+	creating := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}
+	started, err := podStarted(pod(corev1.PodPending, creating))
 	require.NoError(t, err)
 	require.False(t, started)
 

@@ -229,7 +229,8 @@ func printStatus(w io.Writer, s Status, now time.Time) error {
 	case s.StreamInfo == nil:
 		_, _ = fmt.Fprintf(w, "Stream %s: not read (--stream-info=false)\n", s.Stream)
 	case !s.StreamInfo.Exists:
-		_, _ = fmt.Fprintf(w, "Stream %s: does not exist (the first event creates it; after a loss: kubectl outbox replay %s)\n", s.Stream, s.Name)
+		_, _ = fmt.Fprintf(w, "Stream %s: does not exist (the first event creates it; after a loss: kubectl outbox replay %s)\n",
+			s.Stream, s.Name)
 	default:
 		_, _ = fmt.Fprintf(w, "Stream %s: %d entries, %d consumer groups\n", s.Stream, s.StreamInfo.Length, len(s.StreamInfo.Groups))
 		if len(s.StreamInfo.Groups) > 0 {

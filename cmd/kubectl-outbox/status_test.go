@@ -82,7 +82,8 @@ func TestPrintStatus(t *testing.T) {
 		require.Contains(t, out, want)
 	}
 
-	s.StreamInfo, s.StreamInfoError = nil, "the relay pod orders-stream-info-x could not start: CreateContainerConfigError: secret \"orders-redis\" not found"
+	s.StreamInfo, s.StreamInfoError = nil,
+		"the relay pod orders-stream-info-x could not start: CreateContainerConfigError: secret \"orders-redis\" not found"
 	b.Reset()
 	require.NoError(t, printStatus(&b, s, now))
 	require.Contains(t, b.String(), `Stream jobs: not read: the relay pod orders-stream-info-x could not start: CreateContainerConfigError`)
@@ -124,7 +125,8 @@ func TestPrintList(t *testing.T) {
 	require.NoError(t, printList(&b, []Status{statusOf(fixtureRelay())}, now))
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 	require.Len(t, lines, 2)
-	require.Equal(t, []string{"NAME", "STREAM", "BACKLOG", "OLDEST", "REPLICAS", "READY", "REASON", "DEAD", "LETTERS", "SUSPENDED"}, strings.Fields(lines[0]))
+	require.Equal(t, []string{"NAME", "STREAM", "BACKLOG", "OLDEST", "REPLICAS", "READY", "REASON", "DEAD", "LETTERS", "SUSPENDED"},
+		strings.Fields(lines[0]))
 	require.Equal(t, []string{"orders", "jobs", "42", "90s", "1/2", "False", "RelaysProgressing", "2", "false"}, strings.Fields(lines[1]))
 }
 

@@ -35,12 +35,16 @@ func TestBacklogEmpty(t *testing.T) {
 	env := relayEnv("DATABASE_URL=" + dsn) // backlog needs no REDIS_URL
 
 	res := requireSuccess(t, env, "backlog")
-	require.Equal(t, "table:        outbox_events\nbacklog:      0\noldest:       none\ndead letters: 0 (relay dead-letters list)\n", res.stdout)
+	require.Equal(t, "table:        outbox_events\n"+
+		"backlog:      0\n"+
+		"oldest:       none\n"+
+		"dead letters: 0 (relay dead-letters list)\n", res.stdout)
 
 	raw, count, oldest := backlogJSON(t, env, "--output", "json")
 	require.Zero(t, count)
 	require.Nil(t, oldest)
-	require.Contains(t, raw, "oldest", `docs/relay-cli.md: {"count":N,"oldest":"RFC3339"|null,"deadLetters":N}; oldest is null when nothing is pending`)
+	require.Contains(t, raw, "oldest",
+		`docs/relay-cli.md: {"count":N,"oldest":"RFC3339"|null,"deadLetters":N}; oldest is null when nothing is pending`)
 	require.EqualValues(t, 0, raw["deadLetters"])
 	require.Nil(t, raw["oldest"])
 }

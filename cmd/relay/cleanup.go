@@ -47,7 +47,8 @@ func newCleanupCommand(c *common) *cobra.Command {
 	cmd.Flags().DurationVar(&retention, "retention", 72*time.Hour, "keep dispatched rows this long")
 	cmd.Flags().IntVar(&batchSize, "batch-size", 1000, "rows deleted per statement")
 	cmd.Flags().BoolVar(&dropPartitions, "drop-partitions", false,
-		"first detach and drop each partition whose rows are all dispatched past the retention (declarative partitioning; needs the table's owner)")
+		"first detach and drop each partition whose rows are all dispatched past the retention "+
+			"(declarative partitioning; needs the table's owner)")
 	return cmd
 }
 

@@ -21,7 +21,9 @@ func TestDoctor(t *testing.T) {
 	durable := testenv.StartRedis(t, testenv.WithAppendOnly(), testenv.WithRedisArgs("--requirepass", canary))
 	url := "redis://:" + canary + "@" + durable.Addr() + "/0"
 	res := requireSuccess(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+url), "doctor", "--stream", "jobs")
-	for _, want := range []string{"ok    outbox.table", "ok    outbox.index", "ok    outbox.privileges", "ok    redis.persistence", "ok    redis.eviction"} {
+	for _, want := range []string{
+		"ok    outbox.table", "ok    outbox.index", "ok    outbox.privileges", "ok    redis.persistence", "ok    redis.eviction",
+	} {
 		require.Contains(t, res.stdout, want)
 	}
 	require.Len(t, strings.Split(strings.TrimSpace(res.stdout), "\n"), 19, res.stdout)

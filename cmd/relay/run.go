@@ -94,7 +94,8 @@ func newRunCommand(c *common) *cobra.Command {
 	fs.DurationVar(&o.tcp.UserTimeout, "tcp-user-timeout", defaultTCPUserTimeout,
 		"TCP_USER_TIMEOUT on both ends of the PostgreSQL link (the server's tcp_user_timeout) and on the Redis link: "+
 			"unacknowledged data (or a peer that stopped reading) ends the connection after this; 0 keeps the system's default")
-	fs.DurationVar(&o.tcp.KeepaliveIdle, "keepalive-idle", defaultKeepaliveIdle, "idle time before the first TCP keepalive probe (both ends of PostgreSQL, and Redis)")
+	fs.DurationVar(&o.tcp.KeepaliveIdle, "keepalive-idle", defaultKeepaliveIdle,
+		"idle time before the first TCP keepalive probe (both ends of PostgreSQL, and Redis)")
 	fs.DurationVar(&o.tcp.KeepaliveInterval, "keepalive-interval", defaultKeepaliveInterval, "time between TCP keepalive probes")
 	fs.IntVar(&o.tcp.KeepaliveCount, "keepalive-count", defaultKeepaliveCount, "unanswered keepalive probes that end a connection")
 	fs.DurationVar(&o.redisCheckInterval, "redis-check-interval", doctor.DefaultMonitorInterval,
@@ -103,7 +104,8 @@ func newRunCommand(c *common) *cobra.Command {
 		"None: any number of relays, no order across batches; Strict: one active relay (fenced leader, the others stand by), "+
 			"the stream in (created_at, id) claim order; PerKey: the same per value of --key-column, with many relays")
 	fs.IntVar(&o.partitions, "partitions", relay.DefaultPartitions,
-		fmt.Sprintf("PerKey: key partitions, the most relays that share the work (1..%d); the same for every relay of a table", relay.MaxPartitions))
+		fmt.Sprintf("PerKey: key partitions, the most relays that share the work (1..%d); the same for every relay of a table",
+			relay.MaxPartitions))
 	fs.DurationVar(&o.leaderTimeout, "leader-timeout", relay.DefaultLeaderTimeout,
 		"ordering Strict: a leader that stops answering loses the leadership after this (its session's idle_session_timeout)")
 	o.streamOpts.addFlags(fs)

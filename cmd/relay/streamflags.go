@@ -23,8 +23,10 @@ type streamOptions struct {
 
 func (s *streamOptions) addFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&s.waitReplicas, "wait-replicas", 0,
-		"WAIT for this many replicas to acknowledge each batch before its commit; fewer roll it back and retry (error kind redis_replicas); 0: no wait")
-	fs.DurationVar(&s.waitTimeout, "wait-timeout", relay.DefaultWaitTimeout, "how long a batch waits for --wait-replicas (below --publish-timeout)")
+		"WAIT for this many replicas to acknowledge each batch before its commit; "+
+			"fewer roll it back and retry (error kind redis_replicas); 0: no wait")
+	fs.DurationVar(&s.waitTimeout, "wait-timeout", relay.DefaultWaitTimeout,
+		"how long a batch waits for --wait-replicas (below --publish-timeout)")
 	fs.Int64Var(&s.trim.MaxLen, "trim-max-len", 0,
 		"trim the stream to about this many entries, never past an entry a consumer group has not acknowledged (XTRIM MINID); 0: no length bound")
 	fs.DurationVar(&s.trim.MaxAge, "trim-max-age", 0,
@@ -53,7 +55,11 @@ func (s *streamOptions) validate(publishTimeout time.Duration) error {
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
-	}{{"--trim-interval", s.trim.Interval}, {"--stream-check-interval", s.streamCheckInterval}, {"--auto-replay-max-window", s.autoReplayMaxWindow}} {
+	}{
+		{"--trim-interval", s.trim.Interval},
+		{"--stream-check-interval", s.streamCheckInterval},
+		{"--auto-replay-max-window", s.autoReplayMaxWindow},
+	} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s %s: must be positive", d.flag, d.v))
 		}

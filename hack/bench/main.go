@@ -61,7 +61,8 @@ func main() {
 	flag.StringVar(&o.chart, "chart", "docs/benchmarks-relay.png", "PNG chart to write; empty: none")
 	flag.StringVar(&o.relayBin, "relay", "", "relay binary (default: built from ./cmd/relay)")
 	flag.StringVar(&sections, "sections", strings.Join(sectionNames, ","),
-		"parts to run: raw (claim rate), throughput (the batch/process matrix), latency, modes (the ordering modes), wait (--wait-replicas 0 and 1 against a replica)")
+		"parts to run: raw (claim rate), throughput (the batch/process matrix), latency, modes (the ordering modes), "+
+			"wait (--wait-replicas 0 and 1 against a replica)")
 	flag.StringVar(&modes, "modes", "None:1,Strict:2,PerKey:1,PerKey:4",
 		"ordering modes to measure, each ordering:relays (Strict:2 is one active relay and one standby)")
 	flag.Parse()

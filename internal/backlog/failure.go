@@ -99,7 +99,8 @@ func describe(err error, timeout string) string {
 			what = keyErr.Key
 		}
 		return "the DSN sets " + what + "; the operator honours only " + strings.Join(dsnKeys, ", ") +
-			" (the file-reading keys only when started with --allow-dsn-file-keys), so it does not measure this backlog; the relays still use the DSN"
+			" (the file-reading keys only when started with --allow-dsn-file-keys), so it does not measure this backlog;" +
+			" the relays still use the DSN"
 	case errors.As(err, &parseErr):
 		return "the DSN is not a valid PostgreSQL connection string (a postgres:// URL or key=value pairs)"
 	case errors.As(err, &pgErr):

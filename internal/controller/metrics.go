@@ -125,7 +125,9 @@ func (m *RelayMetrics) Delete(key types.NamespacedName) {
 
 // Describe implements prometheus.Collector.
 func (m *RelayMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.backlog, m.age, m.deadLetters, m.desired, m.ready, m.lastCheck, m.isReady, m.stalledAfter, m.condition} {
+	for _, d := range []*prometheus.Desc{
+		m.backlog, m.age, m.deadLetters, m.desired, m.ready, m.lastCheck, m.isReady, m.stalledAfter, m.condition,
+	} {
 		ch <- d
 	}
 }

@@ -550,7 +550,8 @@ func testHangingDatabaseDoesNotHoldUpOthers(t *testing.T, s *suite) {
 	fine := newRelay(ns, "fine", withFastChecks())
 	s.createSecrets(t, ns, "fine", dsn)
 	s.createRelay(t, fine)
-	s.waitCondition(t, client.ObjectKeyFromObject(fine), v1alpha1.ConditionDatabaseReachable, metav1.ConditionTrue, v1alpha1.ReasonBacklogMeasured)
+	s.waitCondition(t, client.ObjectKeyFromObject(fine),
+		v1alpha1.ConditionDatabaseReachable, metav1.ConditionTrue, v1alpha1.ReasonBacklogMeasured)
 	c := findCondition(s.relay(t, hungKey), v1alpha1.ConditionDatabaseReachable)
 	require.Equal(t, string(v1alpha1.ReasonBacklogCheckPending), c.Reason,
 		"the healthy relay was measured while the hanging relay's check still ran")
@@ -646,9 +647,12 @@ func testCanaryPasswordNeverLeaks(t *testing.T, s *suite) {
 	for _, name := range []string{"unreachable", "unparsable", "badredis", "applied"} {
 		s.createRelay(t, newRelay(ns, name, withFastChecks()))
 	}
-	s.waitCondition(t, types.NamespacedName{Namespace: ns, Name: "unreachable"}, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonDatabaseUnreachable)
-	s.waitCondition(t, types.NamespacedName{Namespace: ns, Name: "unparsable"}, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonDSNInvalid)
-	s.waitCondition(t, types.NamespacedName{Namespace: ns, Name: "badredis"}, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonRedisURLInvalid)
+	s.waitCondition(t, types.NamespacedName{Namespace: ns, Name: "unreachable"},
+		v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonDatabaseUnreachable)
+	s.waitCondition(t, types.NamespacedName{Namespace: ns, Name: "unparsable"},
+		v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonDSNInvalid)
+	s.waitCondition(t, types.NamespacedName{Namespace: ns, Name: "badredis"},
+		v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonRedisURLInvalid)
 	s.waitEvent(t, types.NamespacedName{Namespace: ns, Name: "unreachable"}, v1alpha1.ReasonDatabaseUnreachable)
 	s.waitEvent(t, types.NamespacedName{Namespace: ns, Name: "unparsable"}, v1alpha1.ReasonDSNInvalid)
 

@@ -121,7 +121,9 @@ func redisDurableEvent(old, now *metav1.Condition) (v1alpha1.Reason, bool) {
 }
 
 // recordRedisTransition logs and emits the Event of a RedisDurable change.
-func (r *OutboxRelayReconciler) recordRedisTransition(ctx context.Context, relay *v1alpha1.OutboxRelay, old, now *v1alpha1.OutboxRelayStatus) {
+func (r *OutboxRelayReconciler) recordRedisTransition(
+	ctx context.Context, relay *v1alpha1.OutboxRelay, old, now *v1alpha1.OutboxRelayStatus,
+) {
 	oldC := meta.FindStatusCondition(old.Conditions, string(v1alpha1.ConditionRedisDurable))
 	nowC := meta.FindStatusCondition(now.Conditions, string(v1alpha1.ConditionRedisDurable))
 	reason, ok := redisDurableEvent(oldC, nowC)

@@ -92,7 +92,8 @@ func (r *OutboxRelayReconciler) resolveSecrets(ctx context.Context, relay *v1alp
 	if !backlog.ValidDSN(res.dsn) {
 		// The parse error is not quoted: it may hold parts of the DSN.
 		return nil, &failure{v1alpha1.ReasonDSNInvalid, fmt.Sprintf(
-			"the value of key %q of Secret %q (spec.postgres.dsnSecretRef) is not a PostgreSQL connection string (a postgres:// URL or key=value pairs)",
+			"the value of key %q of Secret %q (spec.postgres.dsnSecretRef) is not a PostgreSQL connection string "+
+				"(a postgres:// URL or key=value pairs)",
 			relay.Spec.Postgres.DSNSecretRef.Key, relay.Spec.Postgres.DSNSecretRef.Name)}, nil
 	}
 	if !validRedisURL(res.redisURL) {
@@ -111,7 +112,9 @@ func (r *OutboxRelayReconciler) resolveSecrets(ctx context.Context, relay *v1alp
 // secretCache when the metadata informer shows the resourceVersion it holds,
 // else read from the API server (never through a cache of Secret data).
 // found is false when the Secret does not exist.
-func (r *OutboxRelayReconciler) readSecretKey(ctx context.Context, name types.NamespacedName, key string) (value []byte, found bool, err error) {
+func (r *OutboxRelayReconciler) readSecretKey(
+	ctx context.Context, name types.NamespacedName, key string,
+) (value []byte, found bool, err error) {
 	if r.MetadataReader != nil {
 		meta := &metav1.PartialObjectMetadata{}
 		meta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))

@@ -280,7 +280,9 @@ func (s *suite) waitCondition(t *testing.T, key types.NamespacedName, typ v1alph
 }
 
 // waitStatus waits until check accepts the relay's status.
-func (s *suite) waitStatus(t *testing.T, key types.NamespacedName, what string, check func(*v1alpha1.OutboxRelayStatus) error) *v1alpha1.OutboxRelay {
+func (s *suite) waitStatus(t *testing.T, key types.NamespacedName, what string,
+	check func(*v1alpha1.OutboxRelayStatus) error,
+) *v1alpha1.OutboxRelay {
 	t.Helper()
 	var relay *v1alpha1.OutboxRelay
 	eventually(t, what, func() error {
@@ -304,7 +306,9 @@ func (s *suite) deployment(t *testing.T, key types.NamespacedName) *appsv1.Deplo
 }
 
 // waitDeployment waits until check accepts the relay's Deployment.
-func (s *suite) waitDeployment(t *testing.T, key types.NamespacedName, what string, check func(*appsv1.Deployment) error) *appsv1.Deployment {
+func (s *suite) waitDeployment(t *testing.T, key types.NamespacedName, what string,
+	check func(*appsv1.Deployment) error,
+) *appsv1.Deployment {
 	t.Helper()
 	var dep *appsv1.Deployment
 	eventually(t, what, func() error {

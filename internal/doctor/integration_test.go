@@ -200,7 +200,9 @@ GRANT SELECT ON bad TO doctor_limited;`)
 
 	bad := outbox.MustNew("bad", outbox.Columns{})
 	r := byName(PostgresChecks(GatherPostgres(ctx, db, bad), bad))
-	for _, name := range []string{"outbox.column.event-type", "outbox.column.payload", "outbox.column.created-at", "outbox.column.dispatched-at"} {
+	for _, name := range []string{
+		"outbox.column.event-type", "outbox.column.payload", "outbox.column.created-at", "outbox.column.dispatched-at",
+	} {
 		require.Equal(t, Fail, r[name].Status, "%s: %s", name, r[name].Message)
 	}
 	require.Equal(t, OK, r["outbox.column.id"].Status)

@@ -267,7 +267,8 @@ func IndexCheck(f PostgresFacts, t *outbox.Table) Check {
 			continue
 		}
 		if len(ix.Keys) >= 2 && ix.Keys[1] == cols.ID {
-			c.Status, c.Message = OK, fmt.Sprintf("pending index %s on (%s, %s) WHERE %s IS NULL.", ix.Name, cols.CreatedAt, cols.ID, cols.DispatchedAt)
+			c.Status, c.Message = OK, fmt.Sprintf("pending index %s on (%s, %s) WHERE %s IS NULL.",
+				ix.Name, cols.CreatedAt, cols.ID, cols.DispatchedAt)
 			return c
 		}
 		older = ix.Name
@@ -281,7 +282,8 @@ func IndexCheck(f PostgresFacts, t *outbox.Table) Check {
 	c.Fix = strings.TrimSpace(t.IndexDDL())
 	if f.EstimatedRows > BigTableRows || f.SizeBytes > 64<<20 {
 		c.Status = Warn
-		c.Message = fmt.Sprintf("no partial index on (%s, %s) WHERE %s IS NULL, on a table of about %d rows (%d MiB): every claim and backlog check scans it.",
+		c.Message = fmt.Sprintf("no partial index on (%s, %s) WHERE %s IS NULL, on a table of about %d rows (%d MiB): "+
+			"every claim and backlog check scans it.",
 			cols.CreatedAt, cols.ID, cols.DispatchedAt, f.EstimatedRows, f.SizeBytes>>20)
 		return c
 	}
@@ -335,7 +337,8 @@ func DeadLetterCheck(f PostgresFacts, t *outbox.Table) Check {
 		c.Status, c.Message = OK, fmt.Sprintf("dead-letter table %s does not exist; the relay creates it at start.", dl)
 	default:
 		c.Status = Warn
-		c.Message = fmt.Sprintf("dead-letter table %s does not exist and the role may not create it: a row that cannot be published holds up its batch.", dl)
+		c.Message = fmt.Sprintf("dead-letter table %s does not exist and the role may not create it: "+
+			"a row that cannot be published holds up its batch.", dl)
 		c.Fix = "run `relay schema --apply` as the table's owner (it creates the dead-letter table)."
 	}
 	return c

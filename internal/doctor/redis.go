@@ -236,7 +236,8 @@ func EvictionCheck(f RedisFacts) Check {
 	switch {
 	case err == nil && n == 0:
 		c.Status, c.Reason = OK, ReasonEvictionSafe
-		c.Message = "no maxmemory: Redis never evicts (policy " + policy + " applies only under a limit); at the host's limit writes fail and the relay retries."
+		c.Message = "no maxmemory: Redis never evicts (policy " + policy + " applies only under a limit); " +
+			"at the host's limit writes fail and the relay retries."
 	case policy == "noeviction":
 		c.Status, c.Reason = OK, ReasonEvictionSafe
 		c.Message = "maxmemory " + maxmem + " with noeviction: when full, XADD fails with OOM and the relay retries; nothing is evicted."
@@ -283,7 +284,8 @@ func PersistenceCheck(f RedisFacts) Check {
 		c.Message += "."
 	case aof == appendOnlyYes && fsync == "no":
 		c.Status, c.Reason = Warn, ReasonFsyncLax
-		c.Message = "AOF on with appendfsync no: the OS writes the file when it likes (about 30 s on Linux); a crash of the host loses those entries."
+		c.Message = "AOF on with appendfsync no: the OS writes the file when it likes (about 30 s on Linux); " +
+			"a crash of the host loses those entries."
 		c.Fix = "CONFIG SET appendfsync everysec (or always)."
 	case aof == appendOnlyYes:
 		c.Status, c.Reason = OK, ReasonPersistent
@@ -294,11 +296,14 @@ func PersistenceCheck(f RedisFacts) Check {
 		c.Fix = "CONFIG SET appendonly yes and appendfsync everysec (and in redis.conf)."
 	case aof == appendOnlyNo && saveKnown:
 		c.Status, c.Reason = Fail, ReasonPersistenceOff
-		c.Message = "no persistence (appendonly no, save \"\"): a restart of Redis loses every entry, and their outbox rows are already marked dispatched."
-		c.Fix = "CONFIG SET appendonly yes and appendfsync everysec (and in redis.conf); until then, `relay replay` can republish a window from the table before cleanup deletes it."
+		c.Message = "no persistence (appendonly no, save \"\"): a restart of Redis loses every entry, " +
+			"and their outbox rows are already marked dispatched."
+		c.Fix = "CONFIG SET appendonly yes and appendfsync everysec (and in redis.conf); " +
+			"until then, `relay replay` can republish a window from the table before cleanup deletes it."
 	case aof == appendOnlyNo:
 		c.Status, c.Reason = Warn, ReasonCheckUnknown
-		c.Message = "AOF is off and whether RDB snapshots are taken is unknown: " + firstNonEmpty(f.ConfigErr, "CONFIG GET save not answered") + "."
+		c.Message = "AOF is off and whether RDB snapshots are taken is unknown: " +
+			firstNonEmpty(f.ConfigErr, "CONFIG GET save not answered") + "."
 		c.Fix = unknownFix
 	default:
 		c.Status, c.Reason = Warn, ReasonCheckUnknown
@@ -344,7 +349,8 @@ func ReplicasCheck(f RedisFacts) Check {
 		c.Fix = "look at the replicas that are not online (INFO replication on them)."
 	default:
 		c.Status, c.Reason = OK, ReasonReplicasAttached
-		c.Message = fmt.Sprintf("%d replicas online (%s); replication is asynchronous: a failover can lose the last writes unless the relay waits for a replica.",
+		c.Message = fmt.Sprintf("%d replicas online (%s); replication is asynchronous: "+
+			"a failover can lose the last writes unless the relay waits for a replica.",
 			n, strings.Join(lines, "; "))
 	}
 	return c

@@ -132,7 +132,8 @@ func TestSummarize(t *testing.T) {
 	rdb.Config = map[string]string{"appendonly": "no", "save": "3600 1", "maxmemory": "0", "maxmemory-policy": "noeviction"}
 	require.Equal(t, Summary{"False", ReasonPersistenceWeak, Summarize(DurabilityChecks(rdb)).Message}, Summarize(DurabilityChecks(rdb)))
 
-	denied := RedisFacts{ConfigErr: "ERR unknown command 'CONFIG'", Info: map[string]string{"role": "master", "aof_enabled": "1", "maxmemory": "0", "maxmemory_policy": "noeviction"}}
+	denied := RedisFacts{ConfigErr: "ERR unknown command 'CONFIG'",
+		Info: map[string]string{"role": "master", "aof_enabled": "1", "maxmemory": "0", "maxmemory_policy": "noeviction"}}
 	require.Equal(t, "True", Summarize(DurabilityChecks(denied)).Status, "INFO alone can tell")
 	denied.Info = nil
 	denied.InfoErr = "NOPERM"

@@ -76,7 +76,8 @@ func TestDDL(t *testing.T) {
 	tbl := MustNew("app.outbox", Columns{})
 	ddl := tbl.DDL(DDLOptions{})
 	require.Contains(t, ddl, `CREATE TABLE IF NOT EXISTS "app"."outbox"`)
-	require.Contains(t, ddl, `CREATE INDEX IF NOT EXISTS "outbox_pending_idx" ON "app"."outbox" ("created_at", "id") WHERE "dispatched_at" IS NULL`)
+	require.Contains(t, ddl,
+		`CREATE INDEX IF NOT EXISTS "outbox_pending_idx" ON "app"."outbox" ("created_at", "id") WHERE "dispatched_at" IS NULL`)
 	require.NotContains(t, ddl, "TRIGGER")
 	withTrigger := tbl.DDL(DDLOptions{Notify: true})
 	require.Contains(t, withTrigger, `FOR EACH STATEMENT EXECUTE FUNCTION "app"."outbox_notify_fn"()`)

@@ -321,7 +321,8 @@ local n = tonumber(ARGV[4])
 for i = 5, 4 + n do
 	local f = tonumber(redis.call('HGET', KEYS[2], ARGV[i]) or '0')
 	if f > epoch then
-		return redis.error_reply('FENCED partition ' .. ARGV[i] .. ' of the stream is written by a newer owner (epoch ' .. f .. ', this relay ' .. epoch .. ')')
+		return redis.error_reply('FENCED partition ' .. ARGV[i] ..
+			' of the stream is written by a newer owner (epoch ' .. f .. ', this relay ' .. epoch .. ')')
 	end
 end
 for i = 5, 4 + n do redis.call('HSET', KEYS[2], ARGV[i], ARGV[1]) end

@@ -63,7 +63,9 @@ func NewMetrics() *Metrics {
 		}),
 	}
 	m.stream = newStreamMetrics()
-	for _, k := range []string{ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout, ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas} {
+	for _, k := range []string{
+		ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout, ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas,
+	} {
 		m.Errors.WithLabelValues(k)
 	}
 	return m

@@ -254,7 +254,8 @@ func (r *Relay) ensureDeadLetterTable(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := r.cfg.Table.EnsureDeadLetterTable(ctx, r.db); err != nil {
-		r.log.Warn("Could not create the dead-letter table; a row that cannot be published will hold up its batch until it exists (relay schema --apply)",
+		r.log.Warn("Could not create the dead-letter table; "+
+			"a row that cannot be published will hold up its batch until it exists (relay schema --apply)",
 			"deadLetterTable", r.cfg.Table.DeadLetterTable(), "error", err.Error())
 	}
 }

@@ -224,7 +224,8 @@ func TestMalformedRowIsDeadLettered(t *testing.T) {
 func TestOversizedPayloadIsDeadLetteredWithoutIt(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
-	_, err := b.db.Exec(context.Background(), `INSERT INTO outbox_events (event_type, payload) VALUES ('big', repeat('x', 2048)), ('small', 'y')`)
+	_, err := b.db.Exec(context.Background(),
+		`INSERT INTO outbox_events (event_type, payload) VALUES ('big', repeat('x', 2048)), ('small', 'y')`)
 	require.NoError(t, err)
 	r := b.newRelay(t, Config{MaxPayloadBytes: 1024})
 	b.drain(t, r)

@@ -41,7 +41,8 @@ func newStreamMetrics() *streamMetrics {
 	return &streamMetrics{
 		Resets: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_stream_resets_total",
-			Help: "Times the stream was found to have gone back in time (missing, an older last id, fewer entries ever added): entries it held may be lost.",
+			Help: "Times the stream was found to have gone back in time (missing, an older last id, fewer entries ever added): " +
+				"entries it held may be lost.",
 		}),
 		LastReset: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_stream_reset_timestamp_seconds",
@@ -49,7 +50,8 @@ func newStreamMetrics() *streamMetrics {
 		}),
 		LastResetFrom: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_stream_reset_window_start_timestamp_seconds",
-			Help: "The earliest dispatch time whose event the last stream reset may have lost (Unix time); 0 if never. The start of the window to replay.",
+			Help: "The earliest dispatch time whose event the last stream reset may have lost (Unix time); 0 if never. " +
+				"The start of the window to replay.",
 		}),
 		Trimmed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_stream_trimmed_entries_total",
@@ -265,7 +267,8 @@ func (r *Relay) ensureStreamResetsTable(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := r.cfg.Table.EnsureStreamResetsTable(ctx, r.db); err != nil {
-		r.log.Warn("Could not create the stream-resets table; a stream reset will be logged and counted but not shown by the operator (relay schema --apply)",
+		r.log.Warn("Could not create the stream-resets table; "+
+			"a stream reset will be logged and counted but not shown by the operator (relay schema --apply)",
 			"streamResetsTable", r.cfg.Table.StreamResetsTable(), "error", err.Error())
 		return false
 	}

@@ -73,7 +73,8 @@ func TestStreamResetDetected(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, int64(1), p.Count)
 			var minDispatched, maxDispatched time.Time
-			require.NoError(t, b.db.QueryRow(ctx, `SELECT min(dispatched_at), max(dispatched_at) FROM outbox_events`).Scan(&minDispatched, &maxDispatched))
+			require.NoError(t, b.db.QueryRow(ctx, `SELECT min(dispatched_at), max(dispatched_at) FROM outbox_events`).
+				Scan(&minDispatched, &maxDispatched))
 			require.False(t, p.WindowStart.After(minDispatched), "window %s starts after the first dispatch %s", p.WindowStart, minDispatched)
 
 			// More batches on the new stream: no new reset.

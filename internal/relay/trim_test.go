@@ -44,7 +44,9 @@ func TestTrimKeepsWhatGroupsNeed(t *testing.T) {
 	}
 	// fast reads and acks everything; slow reads 30 and acks the first 20.
 	read := func(group string, count int64) []redis.XMessage {
-		s, err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c", Streams: []string{b.stream, ">"}, Count: count}).Result()
+		s, err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: group, Consumer: "c", Streams: []string{b.stream, ">"}, Count: count,
+		}).Result()
 		require.NoError(t, err)
 		return s[0].Messages
 	}

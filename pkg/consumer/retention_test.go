@@ -46,12 +46,13 @@ SELECT 'new-' || g, $1::timestamptz FROM generate_series(1, 10) g`, now.Add(-tim
 	_, err = tx.Exec(ctx, `SELECT 1 FROM processed_events WHERE event_id = 'old-1' FOR UPDATE`)
 	require.NoError(t, err)
 
-	n, err := CleanupProcessed(ctx, b.db, CleanupOptions{Retention: DefaultProcessedRetention, BatchSize: 1000, Now: func() time.Time { return now }})
+	clock := func() time.Time { return now }
+	n, err := CleanupProcessed(ctx, b.db, CleanupOptions{Retention: DefaultProcessedRetention, BatchSize: 1000, Now: clock})
 	require.NoError(t, err)
 	require.Equal(t, int64(2499), n, "every old row but the one held")
 	require.NoError(t, tx.Rollback(ctx))
 
-	n, err = CleanupProcessed(ctx, b.db, CleanupOptions{Retention: DefaultProcessedRetention, MaxBatches: 1, Now: func() time.Time { return now }})
+	n, err = CleanupProcessed(ctx, b.db, CleanupOptions{Retention: DefaultProcessedRetention, MaxBatches: 1, Now: clock})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	var left int

@@ -162,10 +162,11 @@ func TestCheckOrder(t *testing.T) {
 func TestCheckOrderNamesAtMostTen(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	var committed []Committed
+	committed := make([]Committed, 0, 30)
 	var entries []Entry
 	for i := range 30 {
-		committed = append(committed, Committed{ID: string(rune('a'+i%26)) + string(rune('a'+i/26)), CreatedAt: t0.Add(time.Duration(i) * time.Second)})
+		id := string(rune('a'+i%26)) + string(rune('a'+i/26))
+		committed = append(committed, Committed{ID: id, CreatedAt: t0.Add(time.Duration(i) * time.Second)})
 	}
 	for i := 29; i >= 10; i-- { // 20 delivered in reverse: 19 reorderings; 10 lost
 		entries = append(entries, Entry{EventID: committed[i].ID})

@@ -84,8 +84,9 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 			"Role", "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"},
 	}, {
 		name: "MetricsInsecure", release: "plain", namespace: "plain-system",
-		set:   []string{"metrics.secure=false", "metrics.serviceMonitor.enabled=true", "rbac.aggregateToDefaultRoles=false"},
-		kinds: []string{"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"},
+		set: []string{"metrics.secure=false", "metrics.serviceMonitor.enabled=true", "rbac.aggregateToDefaultRoles=false"},
+		kinds: []string{"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
+			"Role", "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"},
 	}, {
 		name: "Minimal", release: "bare", namespace: "bare-system",
 		set: []string{

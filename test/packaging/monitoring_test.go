@@ -58,7 +58,8 @@ func requireMetricsRBAC(t testing.TB, objs []*unstructured.Unstructured, prefix,
 		ruleGrants(t, rulesOf(t, auth)))
 	requireBinding(t, find(t, objs, "ClusterRoleBinding", prefix+"metrics-auth-rolebinding"), "ClusterRole", auth.GetName(), sa, namespace)
 	var reader rbacv1.ClusterRole
-	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(find(t, objs, "ClusterRole", prefix+"metrics-reader").Object, &reader))
+	readerObj := find(t, objs, "ClusterRole", prefix+"metrics-reader").Object
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(readerObj, &reader))
 	require.Equal(t, []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}, reader.Rules)
 }
 
