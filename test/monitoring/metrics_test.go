@@ -3,11 +3,13 @@ package monitoring
 import (
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/stretchr/testify/require"
@@ -32,7 +34,7 @@ func exported(t testing.TB) map[string]bool {
 	t.Helper()
 	var relayCollectors recorder
 	require.NoError(t, relay.NewMetrics().Register(&relayCollectors))
-	collectors := append(relayCollectors, doctor.NewGauge(), controller.NewRelayMetrics())
+	collectors := slices.Concat(relayCollectors, recorder{doctor.NewGauge(), controller.NewRelayMetrics()})
 
 	names := map[string]bool{}
 	ch := make(chan *prometheus.Desc)
@@ -98,7 +100,7 @@ func metricNames(t testing.TB, expr string) []string {
 		if vs, ok := node.(*parser.VectorSelector); ok {
 			name := vs.Name
 			for _, m := range vs.LabelMatchers {
-				if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+				if m.Name == model.MetricNameLabel && m.Type == labels.MatchEqual {
 					name = m.Value
 				}
 			}
