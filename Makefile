@@ -98,13 +98,17 @@ fmt: ## Run go fmt against code.
 vet: ## Run go vet against code.
 	go vet ./...
 
+# lint covers both modules: test/monitoring (see test-monitoring) finds
+# .golangci.yml in the parent directories.
 .PHONY: lint
-lint: golangci-lint ## Run golangci-lint (.golangci.yml).
+lint: golangci-lint ## Run golangci-lint (.golangci.yml) on the module and on test/monitoring.
 	"$(GOLANGCI_LINT)" run
+	cd test/monitoring && "$(GOLANGCI_LINT)" run
 
 .PHONY: lint-fix
-lint-fix: golangci-lint ## Run golangci-lint and apply the fixes it can.
+lint-fix: golangci-lint ## Run golangci-lint and apply the fixes it can (both modules).
 	"$(GOLANGCI_LINT)" run --fix
+	cd test/monitoring && "$(GOLANGCI_LINT)" run --fix
 
 .PHONY: lint-config
 lint-config: golangci-lint ## Verify that .golangci.yml is a valid golangci-lint configuration.
