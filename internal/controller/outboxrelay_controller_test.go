@@ -610,7 +610,9 @@ func testPrinterColumns(t *testing.T, s *suite) {
 	for _, c := range table.ColumnDefinitions {
 		names = append(names, c.Name)
 	}
-	require.Equal(t, []string{"Name", "Stream", "Backlog", "Oldest", "Dead-Letters", "Replicas", "Ready", "Reason", "Ordering", "Scaling", "Age"}, names)
+	require.Equal(t, []string{
+		"Name", "Stream", "Backlog", "Oldest", "Dead-Letters", "Replicas", "Ready", "Reason", "Ordering", "Scaling", "Age",
+	}, names)
 	require.Equal(t, int32(1), table.ColumnDefinitions[4].Priority, "Dead-Letters shows with -o wide only")
 	require.Len(t, table.Rows, 1)
 	cells := table.Rows[0].Cells
