@@ -23,16 +23,12 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // repoRoot is the repository, seen from this package's directory.
-var repoRoot = func() string {
-	dir, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		panic(err)
-	}
-	return dir
-}()
+var repoRoot = testenv.RepoRoot(2)
 
 const (
 	// nonRoot is distroless's "nonroot" user and group, the image's USER.
@@ -312,20 +308,7 @@ func runtimeSpec(rootfs, probe string, uid, gid int, env []string, cwd string, a
 }
 
 // commands are the directories of cmd/: one binary each in the image.
-func commands(t *testing.T) []string {
-	t.Helper()
-	entries, err := os.ReadDir(filepath.Join(repoRoot, "cmd"))
-	require.NoError(t, err)
-	var out []string
-	for _, e := range entries {
-		if e.IsDir() {
-			out = append(out, e.Name())
-		}
-	}
-	require.Contains(t, out, "manager")
-	require.Contains(t, out, "relay")
-	return out
-}
+func commands(t testing.TB) []string { return testenv.Commands(t, repoRoot) }
 
 func TestImage(t *testing.T) {
 	b := setup(t)

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,13 +30,7 @@ import (
 )
 
 // repoRoot is the repository, seen from this package's directory.
-var repoRoot = func() string {
-	dir, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		panic(err)
-	}
-	return dir
-}()
+var repoRoot = testenv.RepoRoot(2)
 
 // chartDir is the Helm chart.
 var chartDir = filepath.Join(repoRoot, "charts", "outbox-operator")

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // goTool is the go command that runs these tests.
@@ -24,20 +26,7 @@ func goTool(t testing.TB) string {
 }
 
 // commands are the directories of cmd/: one binary each in the image.
-func commands(t testing.TB) []string {
-	t.Helper()
-	entries, err := os.ReadDir(filepath.Join(repoRoot, "cmd"))
-	require.NoError(t, err)
-	var out []string
-	for _, e := range entries {
-		if e.IsDir() {
-			out = append(out, e.Name())
-		}
-	}
-	require.Contains(t, out, "manager")
-	require.Contains(t, out, "relay", "the controller runs /relay from the operator's image")
-	return out
-}
+func commands(t testing.TB) []string { return testenv.Commands(t, repoRoot) }
 
 // The image's binaries build for both platforms it ships for, static
 // (CGO_ENABLED=0), as the Dockerfile builds them.
