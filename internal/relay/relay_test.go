@@ -59,6 +59,29 @@ func TestTwoRelaysTakeDisjointBatches(t *testing.T) {
 	ids := b.allIDs(t)
 	r1 := b.newRelay(t, Config{BatchSize: 50})
 	r2 := b.newRelay(t, Config{BatchSize: 50})
+	// Each relay's first batch waits before its commit, its rows locked,
+	// until the other relay holds a batch too: both claim while the other's
+	// locks are held (so only SKIP LOCKED keeps the batches apart), and
+	// neither can drain the table alone before the other starts, however
+	// the machine schedules them. A relay that claims nothing leaves the
+	// other waiting 30s, then the assertions below say which one.
+	var arrived sync.WaitGroup
+	arrived.Add(2)
+	bothHold := make(chan struct{})
+	go func() { arrived.Wait(); close(bothHold) }()
+	for _, r := range []*Relay{r1, r2} {
+		var first sync.Once
+		r.testHookBeforeCommit = func(context.Context) error {
+			first.Do(func() {
+				arrived.Done()
+				select {
+				case <-bothHold:
+				case <-time.After(30 * time.Second):
+				}
+			})
+			return nil
+		}
+	}
 
 	var wg sync.WaitGroup
 	claimed := [2]int{}
