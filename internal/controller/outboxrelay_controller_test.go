@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -512,28 +516,61 @@ func testSecretChangeRollsPodTemplate(t *testing.T, s *suite) {
 // answering: a database that hangs.
 func blackhole(t *testing.T) int {
 	t.Helper()
+	return new(blackholes).listen(t)
+}
+
+// blackholes counts the connections open to a set of blackhole listeners.
+type blackholes struct {
+	open, peak atomic.Int64
+}
+
+// listen starts one more blackhole and returns its port; it reads what a
+// client sends, never answers, and notices when the client hangs up. It
+// stops in cleanup.
+func (g *blackholes) listen(t testing.TB) int {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	wg.Go(func() {
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
+			storeMax(&g.peak, g.open.Add(1))
+			mu.Lock()
 			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() {
+				_, _ = io.Copy(io.Discard, c) // until the client (or cleanup) closes it
+				g.open.Add(-1)
+			})
 		}
-	}()
+	})
 	t.Cleanup(func() {
 		_ = l.Close()
-		<-done
+		mu.Lock()
 		for _, c := range conns {
 			_ = c.Close()
 		}
+		mu.Unlock()
+		wg.Wait()
 	})
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// storeMax raises a to v when v is larger.
+func storeMax(a *atomic.Int64, v int64) {
+	for old := a.Load(); v > old; old = a.Load() {
+		if a.CompareAndSwap(old, v) {
+			return
+		}
+	}
 }
 
 func testHangingDatabaseDoesNotHoldUpOthers(t *testing.T, s *suite) {
@@ -658,33 +695,14 @@ func testCanaryPasswordNeverLeaks(t *testing.T, s *suite) {
 	s.waitEvent(t, types.NamespacedName{Namespace: ns, Name: "unreachable"}, v1alpha1.ReasonDatabaseUnreachable)
 	s.waitEvent(t, types.NamespacedName{Namespace: ns, Name: "unparsable"}, v1alpha1.ReasonDSNInvalid)
 
-	var haystack []string
-	dump := func(what string, obj any) {
-		raw, err := json.Marshal(obj)
-		require.NoError(t, err)
-		haystack = append(haystack, what+": "+string(raw))
-	}
-	var relays v1alpha1.OutboxRelayList
-	require.NoError(t, s.c.List(ctx, &relays, client.InNamespace(ns)))
-	dump("OutboxRelays", relays)
-	var deps appsv1.DeploymentList
-	require.NoError(t, s.c.List(ctx, &deps, client.InNamespace(ns)))
-	require.NotEmpty(t, deps.Items, "the unreachable relay has its Deployment")
-	dump("Deployments", deps)
-	var cjs batchv1.CronJobList
-	require.NoError(t, s.c.List(ctx, &cjs, client.InNamespace(ns)))
-	dump("CronJobs", cjs)
-	var events eventsv1.EventList
-	require.NoError(t, s.c.List(ctx, &events, client.InNamespace(ns)))
-	require.NotEmpty(t, events.Items)
-	dump("Events", events)
-	var coreEvents corev1.EventList
-	require.NoError(t, s.c.List(ctx, &coreEvents, client.InNamespace(ns)))
-	dump("core Events", coreEvents)
-	haystack = append(haystack, "manager logs: "+s.logs.String())
+	h := haystack{}
+	counts := h.addNamespace(t, s.c, ns)
+	require.NotZero(t, counts["Deployments"], "the unreachable relay has its Deployment")
+	require.NotZero(t, counts["Events"])
+	h["manager logs"] = s.logs.String()
 	metrics, err := s.metrics.Gather()
 	require.NoError(t, err)
-	dump("metrics", metrics)
+	h.add(t, "metrics", metrics)
 
 	// The manager's cache of Secret metadata holds no annotation.
 	secretMeta := &metav1.PartialObjectMetadata{}
@@ -693,13 +711,53 @@ func testCanaryPasswordNeverLeaks(t *testing.T, s *suite) {
 		return s.cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: "applied-db"}, secretMeta)
 	})
 	require.Equal(t, applied.ResourceVersion, secretMeta.ResourceVersion)
-	dump("cached Secret metadata", secretMeta)
+	h.add(t, "cached Secret metadata", secretMeta)
 
-	for _, h := range haystack {
-		require.NotContains(t, h, canary, "the canary password leaked into %.40s", h)
-	}
+	require.Empty(t, h.find(canary), "the canary password leaked")
 	// The logs did record these relays, so the search was not in vain.
 	require.Contains(t, s.logs.String(), ns)
+}
+
+// haystack is what a password must never show up in, by where it came from.
+type haystack map[string]string
+
+// add puts obj in, as JSON.
+func (h haystack) add(t testing.TB, what string, obj any) {
+	t.Helper()
+	raw, err := json.Marshal(obj)
+	require.NoError(t, err)
+	h[what] = string(raw)
+}
+
+// addNamespace puts in the OutboxRelays (spec and status), Deployments,
+// CronJobs and Events of a namespace, and returns how many of each it found.
+func (h haystack) addNamespace(t testing.TB, c client.Reader, ns string) map[string]int {
+	t.Helper()
+	counts := map[string]int{}
+	for what, list := range map[string]client.ObjectList{
+		"OutboxRelays": &v1alpha1.OutboxRelayList{},
+		"Deployments":  &appsv1.DeploymentList{},
+		"CronJobs":     &batchv1.CronJobList{},
+		"Events":       &eventsv1.EventList{},
+		"core Events":  &corev1.EventList{},
+	} {
+		require.NoError(t, c.List(context.Background(), list, client.InNamespace(ns)))
+		counts[what] = meta.LenList(list)
+		h.add(t, what, list)
+	}
+	return counts
+}
+
+// find returns, by place, up to 80 characters from each first occurrence
+// of needle; empty when there is none.
+func (h haystack) find(needle string) map[string]string {
+	found := map[string]string{}
+	for what, text := range h {
+		if i := strings.Index(text, needle); i >= 0 {
+			found[what] = text[i:min(len(text), i+80)]
+		}
+	}
+	return found
 }
 
 // findCondition returns the relay's condition of a type, or nil.

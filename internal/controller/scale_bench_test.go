@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -58,12 +59,7 @@ const (
 //
 //	go test -run '^$' -bench OperatorScale -benchtime 1x ./internal/controller/
 func BenchmarkOperatorScale(b *testing.B) {
-	n := 1000
-	if v := os.Getenv(envBenchRelays); v != "" {
-		var err error
-		n, err = strconv.Atoi(v)
-		require.NoError(b, err, envBenchRelays)
-	}
+	n := benchInt(b, envBenchRelays, 1000)
 	for range b.N {
 		res := runScale(b, n)
 		b.ReportMetric(res.toReady.Seconds(), "s-to-ready")
@@ -120,81 +116,45 @@ func runtimeCPUs() int {
 
 func runScale(b *testing.B, n int) scaleResult {
 	ctx := context.Background()
-	ctrllog.SetLogger(logr.Discard()) // the benchmark's own watch logs nothing
-	env, cfg := startAPIServer(b)
-	c, err := client.NewWithWatch(cfg, client.Options{Scheme: newTestScheme()})
-	require.NoError(b, err)
-	dir := b.TempDir()
+	s := startScaleEnv(b)
 
 	// The database: one table per relay.
-	dsn := testenv.Postgres(b)
-	conn, err := pgx.Connect(ctx, dsn)
-	require.NoError(b, err)
-	defer func() { _ = conn.Close(context.Background()) }()
-	var ddl strings.Builder
+	tables := make([]string, n)
 	for i := range n {
-		ddl.WriteString(outbox.MustNew(benchTable(i), outbox.Columns{}).DDL(outbox.DDLOptions{}))
-		ddl.WriteString("\n")
+		tables[i] = benchTable(i)
 	}
-	_, err = conn.Exec(ctx, ddl.String())
-	require.NoError(b, err)
+	dsn, conn := benchDatabase(b, tables)
 
-	// The objects that exist before the relays: a namespace and the Secrets.
-	const ns = "bench"
-	require.NoError(b, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	parallel(b, n, 16, func(i int) error {
-		return c.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("relay-%04d-db", i)},
+	// The Secrets exist before the relays.
+	s.createSecrets(b, n, func(i int) *corev1.Secret {
+		return &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("relay-%04d-db", i)},
 			Data:       map[string][]byte{"dsn": []byte(dsn)},
-		})
+		}
 	})
-	require.NoError(b, c.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "redis"},
+	require.NoError(b, s.c.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: benchNamespace, Name: "redis"},
 		Data:       map[string][]byte{"url": []byte(testRedisURL)},
 	}))
 
-	// The relays are watched, as `kubectl wait` would, not listed over and
-	// over: the API server's time goes to the operator.
-	watched, err := cache.New(cfg, cache.Options{Scheme: newTestScheme(), DefaultNamespaces: map[string]cache.Config{ns: {}}})
-	require.NoError(b, err)
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	go func() { _ = watched.Start(watchCtx) }()
-	_, err = watched.GetInformer(ctx, &v1alpha1.OutboxRelay{})
-	require.NoError(b, err)
-	require.True(b, watched.WaitForCacheSync(ctx))
-
-	mgr := startManagerProcess(b, env, dir)
-	stopFake := fakeDeploymentController(c)
-	defer stopFake()
+	mgr := s.startManager(b)
 
 	b.ResetTimer()
 	start := time.Now()
-	parallel(b, n, 16, func(i int) error {
-		relay := newRelay(ns, fmt.Sprintf("relay-%04d", i), withTable(benchTable(i)))
+	res := scaleResult{createTime: s.createRelays(b, n, func(i int) *v1alpha1.OutboxRelay {
+		relay := newRelay(benchNamespace, fmt.Sprintf("relay-%04d", i), withTable(benchTable(i)))
 		relay.Spec.Redis.URLSecretRef.Name = "redis"
-		return c.Create(ctx, relay)
-	})
-	res := scaleResult{createTime: time.Since(start)}
+		return relay
+	})}
 
-	deadline := start.Add(5 * time.Minute)
-	for {
-		ready, reasons := countReady(b, watched, ns)
-		if ready == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("only %d of %d OutboxRelays Ready after 5m; other reasons: %v\nmanager log tail:\n%s", ready, n, reasons, tail(mgr.logPath, 30))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitUntil(b, 5*time.Minute, mgr, func() (bool, string) {
+		ready, reasons := countReady(b, s.relays, benchNamespace)
+		return ready == n, fmt.Sprintf("only %d of %d OutboxRelays Ready; other reasons: %v", ready, n, reasons)
+	})
 	res.toReady = time.Since(start)
 	res.reconciles = mgr.reconcileTotal(b)
-	res.cpu = map[string]time.Duration{"manager": processCPU(mgr.cmd.Process.Pid)}
-	for name, pid := range childProcesses(os.Getpid(), "kube-apiserver", "etcd") {
-		res.cpu[name] = processCPU(pid)
-	}
-	res.requests = apiRequests(b, cfg)
+	res.cpu = processCPUs(mgr)
+	res.requests = apiRequests(b, s.cfg)
 	b.StopTimer()
 
 	time.Sleep(30 * time.Second)
@@ -204,7 +164,125 @@ func runScale(b *testing.B, n int) scaleResult {
 	return res
 }
 
+// benchNamespace holds the objects of the operator-scale benchmarks.
+const benchNamespace = "bench"
+
+// scaleEnv is what the operator-scale benchmarks run against: an envtest API
+// server with the namespace benchNamespace, a client, and a watch of the
+// namespace's OutboxRelays. It stops in cleanup.
+type scaleEnv struct {
+	env *envtest.Environment
+	cfg *rest.Config
+	c   client.WithWatch
+	// relays is the watch: the relays are watched, as `kubectl wait` would,
+	// not listed over and over, so the API server's time goes to the
+	// operator.
+	relays cache.Cache
+	dir    string
+}
+
+func startScaleEnv(b *testing.B) *scaleEnv {
+	ctx := context.Background()
+	ctrllog.SetLogger(logr.Discard()) // the benchmark's own watch logs nothing
+	s := &scaleEnv{dir: b.TempDir()}
+	s.env, s.cfg = startAPIServer(b)
+	var err error
+	s.c, err = client.NewWithWatch(s.cfg, client.Options{Scheme: newTestScheme()})
+	require.NoError(b, err)
+	require.NoError(b, s.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}}))
+
+	s.relays, err = cache.New(s.cfg, cache.Options{Scheme: newTestScheme(), DefaultNamespaces: map[string]cache.Config{benchNamespace: {}}})
+	require.NoError(b, err)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	b.Cleanup(stopWatch)
+	go func() { _ = s.relays.Start(watchCtx) }()
+	_, err = s.relays.GetInformer(ctx, &v1alpha1.OutboxRelay{})
+	require.NoError(b, err)
+	require.True(b, s.relays.WaitForCacheSync(ctx))
+	return s
+}
+
+// createSecrets creates n Secrets in benchNamespace, 16 at a time.
+func (s *scaleEnv) createSecrets(b *testing.B, n int, secret func(i int) *corev1.Secret) {
+	parallel(b, n, 16, func(i int) error {
+		obj := secret(i)
+		obj.Namespace = benchNamespace
+		return s.c.Create(context.Background(), obj)
+	})
+}
+
+// startManager starts the manager process and the goroutine that plays the
+// Deployment controller; both stop in cleanup.
+func (s *scaleEnv) startManager(b *testing.B) *managerProcess {
+	mgr := startManagerProcess(b, s.env, s.dir)
+	b.Cleanup(fakeDeploymentController(s.c))
+	return mgr
+}
+
+// createRelays creates n OutboxRelays, 16 at a time, and returns how long
+// that took.
+func (s *scaleEnv) createRelays(b *testing.B, n int, relay func(i int) *v1alpha1.OutboxRelay) time.Duration {
+	start := time.Now()
+	parallel(b, n, 16, func(i int) error { return s.c.Create(context.Background(), relay(i)) })
+	return time.Since(start)
+}
+
+// waitUntil polls done every 100 ms; after timeout it fails with done's
+// summary and the tail of the manager's log.
+func waitUntil(b *testing.B, timeout time.Duration, mgr *managerProcess, done func() (bool, string)) {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, summary := done()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("after %s: %s\nmanager log tail:\n%s", timeout, summary, tail(mgr.logPath, 30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// benchInt reads a whole number from the environment variable name, or
+// returns def when it is unset.
+func benchInt(b *testing.B, name string, def int) int { return benchEnv(b, name, def, strconv.Atoi) }
+
+// benchDuration reads a Go duration from the environment variable name, or
+// returns def when it is unset.
+func benchDuration(b *testing.B, name string, def time.Duration) time.Duration {
+	return benchEnv(b, name, def, time.ParseDuration)
+}
+
+func benchEnv[T any](b *testing.B, name string, def T, parse func(string) (T, error)) T {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	x, err := parse(v)
+	require.NoError(b, err, name)
+	return x
+}
+
 func benchTable(i int) string { return fmt.Sprintf("outbox_%04d", i) }
+
+// benchDatabase creates a database with an outbox table of the default
+// layout under each name, and returns its DSN and a connection to it that
+// closes in cleanup.
+func benchDatabase(b *testing.B, tables []string) (string, *pgx.Conn) {
+	ctx := context.Background()
+	dsn := testenv.Postgres(b)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = conn.Close(context.Background()) })
+	var ddl strings.Builder
+	for _, table := range tables {
+		ddl.WriteString(outbox.MustNew(table, outbox.Columns{}).DDL(outbox.DDLOptions{}))
+		ddl.WriteString("\n")
+	}
+	_, err = conn.Exec(ctx, ddl.String())
+	require.NoError(b, err)
+	return dsn, conn
+}
 
 // parallel runs fn for 0..n-1 on workers goroutines, failing on the first
 // error.
@@ -283,6 +361,7 @@ func startManagerProcess(b *testing.B, env *envtest.Environment, dir string) *ma
 	args := append([]string{
 		"--kubeconfig=" + kubeconfigPath,
 		"--metrics-bind-address=" + m.metricsAddr,
+		"--metrics-secure=false", // scraped over plain HTTP on loopback
 		"--health-probe-bind-address=" + freeAddr(b),
 		"--relay-image=" + testImage,
 	}, strings.Fields(os.Getenv(envBenchManagerArgs))...)
@@ -316,23 +395,92 @@ func freeAddr(b *testing.B) string {
 // reconcileTotal scrapes controller_runtime_reconcile_total of the
 // OutboxRelay controller, every result summed.
 func (m *managerProcess) reconcileTotal(b *testing.B) float64 {
-	resp, err := http.Get("http://" + m.metricsAddr + "/metrics")
+	samples, err := m.scrape()
 	require.NoError(b, err)
-	defer func() { _ = resp.Body.Close() }()
 	total := 0.0
-	sc := bufio.NewScanner(resp.Body)
+	for _, s := range samples {
+		if s.name == "controller_runtime_reconcile_total" && s.label("controller") == ControllerName {
+			total += s.value
+		}
+	}
+	return total
+}
+
+// scrape reads the samples of the manager's /metrics.
+func (m *managerProcess) scrape() ([]metricSample, error) {
+	text, err := m.metricsText()
+	if err != nil {
+		return nil, err
+	}
+	return parseMetrics(strings.NewReader(text))
+}
+
+// metricsText reads the manager's /metrics (plain HTTP: --metrics-secure=false).
+func (m *managerProcess) metricsText() (string, error) {
+	resp, err := http.Get("http://" + m.metricsAddr + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	return string(raw), nil
+}
+
+// metricSample is one sample of the Prometheus text format.
+type metricSample struct {
+	name   string
+	labels string // between the braces, as written
+	value  float64
+}
+
+// label returns the value of one label, or "".
+func (s metricSample) label(name string) string {
+	_, after, ok := strings.Cut(s.labels, name+`="`)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(after, `"`)
+	return v
+}
+
+// parseMetrics reads the samples of the Prometheus text format; it is
+// enough for the metrics of Go servers (no label value holds "} ").
+func parseMetrics(r io.Reader) ([]metricSample, error) {
+	var out []metricSample
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "controller_runtime_reconcile_total{") || !strings.Contains(line, `controller="outboxrelay"`) {
+		if line == "" || line[0] == '#' {
 			continue
 		}
-		fields := strings.Fields(line)
-		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
-		require.NoError(b, err)
-		total += v
+		var s metricSample
+		series, value, ok := strings.Cut(line, " ")
+		if i := strings.IndexByte(line, '{'); i >= 0 {
+			end := strings.LastIndex(line, "} ")
+			if end < i {
+				return nil, fmt.Errorf("malformed sample %q", line)
+			}
+			series, s.labels, value, ok = line[:i], line[i+1:end], line[end+2:], true
+		}
+		if !ok {
+			return nil, fmt.Errorf("malformed sample %q", line)
+		}
+		s.name = series
+		v, err := strconv.ParseFloat(strings.Fields(value)[0], 64)
+		if err != nil {
+			return nil, fmt.Errorf("sample %q: %w", line, err)
+		}
+		s.value = v
+		out = append(out, s)
 	}
-	require.NoError(b, sc.Err())
-	return total
+	return out, sc.Err()
 }
 
 // memory returns the manager's peak and current resident set size.
@@ -418,35 +566,7 @@ func available(dep *appsv1.Deployment) bool {
 // apiRequests returns the counts of the API server's requests by verb and
 // resource, busiest first, from its apiserver_request_total metric.
 func apiRequests(b *testing.B, cfg *rest.Config) []string {
-	hc, err := rest.HTTPClientFor(cfg)
-	require.NoError(b, err)
-	resp, err := hc.Get(strings.TrimSuffix(cfg.Host, "/") + "/metrics")
-	require.NoError(b, err)
-	defer func() { _ = resp.Body.Close() }()
-	counts := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "apiserver_request_total{") {
-			continue
-		}
-		label := func(name string) string {
-			_, after, ok := strings.Cut(line, name+`="`)
-			if !ok {
-				return ""
-			}
-			v, _, _ := strings.Cut(after, `"`)
-			return v
-		}
-		fields := strings.Fields(line)
-		v, _ := strconv.ParseFloat(fields[len(fields)-1], 64)
-		key := fmt.Sprintf("%s %s", label("verb"), label("resource"))
-		if sub := label("subresource"); sub != "" {
-			key += "/" + sub
-		}
-		counts[key] += v
-	}
+	counts := apiRequestCounts(b, cfg)
 	keys := make([]string, 0, len(counts))
 	for k := range counts {
 		keys = append(keys, k)
@@ -457,6 +577,40 @@ func apiRequests(b *testing.B, cfg *rest.Config) []string {
 		out = append(out, fmt.Sprintf("%s\t%.0f", k, counts[k]))
 	}
 	return out
+}
+
+// apiRequestCounts sums the API server's apiserver_request_total by
+// "VERB resource[/subresource]", e.g. "PATCH outboxrelays/status".
+func apiRequestCounts(b *testing.B, cfg *rest.Config) map[string]float64 {
+	hc, err := rest.HTTPClientFor(cfg)
+	require.NoError(b, err)
+	resp, err := hc.Get(strings.TrimSuffix(cfg.Host, "/") + "/metrics")
+	require.NoError(b, err)
+	defer func() { _ = resp.Body.Close() }()
+	samples, err := parseMetrics(resp.Body)
+	require.NoError(b, err)
+	counts := map[string]float64{}
+	for _, s := range samples {
+		if s.name != "apiserver_request_total" {
+			continue
+		}
+		key := s.label("verb") + " " + s.label("resource")
+		if sub := s.label("subresource"); sub != "" {
+			key += "/" + sub
+		}
+		counts[key] += s.value
+	}
+	return counts
+}
+
+// processCPUs returns the CPU time so far of the manager, the kube-apiserver
+// and etcd.
+func processCPUs(mgr *managerProcess) map[string]time.Duration {
+	cpu := map[string]time.Duration{"manager": processCPU(mgr.cmd.Process.Pid)}
+	for name, pid := range childProcesses(os.Getpid(), "kube-apiserver", "etcd") {
+		cpu[name] = processCPU(pid)
+	}
+	return cpu
 }
 
 // processCPU returns the user and system CPU time of a process.
