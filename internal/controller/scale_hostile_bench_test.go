@@ -489,9 +489,9 @@ func (w *statusWrites) since(t time.Time) map[string]int {
 }
 
 // boundPeaks are the highest values seen of the backlog prober's gauges
-// (scraped from the manager every second) and of the manager's TCP
-// connections to PostgreSQL and the blackholes (its sockets in /proc, every
-// 200 ms).
+// (scraped from the manager every gaugeScrapeInterval) and of the manager's
+// TCP connections to PostgreSQL and the blackholes (its sockets in /proc,
+// every 200 ms).
 type boundPeaks struct {
 	gauges         map[string]float64 // outbox_operator_backlog_<name>, peak
 	scrapes        int
@@ -502,6 +502,13 @@ type boundPeaks struct {
 	socketSamples  int
 	socketFailures int
 }
+
+// gaugeScrapeInterval is how often the sampler scrapes the manager's
+// /metrics: more often than a Prometheus would (15 to 30 s), not so often
+// that rendering the per-relay series of 1,000 relays becomes a load of its
+// own on the manager. The sockets in /proc, which cost the manager nothing,
+// are sampled every 200 ms.
+const gaugeScrapeInterval = 5 * time.Second
 
 type boundsSampler struct {
 	stopCh chan struct{}
@@ -527,7 +534,7 @@ func startBoundsSampler(mgr *managerProcess, pgPort int, holePorts map[int]bool)
 			}
 		})
 	}
-	every(time.Second, func() {
+	every(gaugeScrapeInterval, func() {
 		samples, err := mgr.scrape()
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -625,7 +632,8 @@ func (r hostileResult) print(mix hostileMix) {
 	row("backlog connections open, peak / bound\t%.0f / %.0f", g["connections_open"], g["connections_max"])
 	row("backlog dials waiting for a connection slot, peak\t%.0f", g["connections_waiting"])
 	row("backlog pools, peak\t%.0f", g["pools"])
-	row("(gauges: %d scrapes, 1 s apart; %d failed)\t", r.bounds.scrapes, r.bounds.scrapeErrors)
+	row("(gauges: %d scrapes, %s apart; %d failed)\t", r.bounds.scrapes, gaugeScrapeInterval, r.bounds.scrapeErrors)
+	row("size of the manager's /metrics at the end\t%.0f KiB", float64(r.searched["manager metrics"])/(1<<10))
 	row("manager's sockets to PostgreSQL + blackholes, peak (/proc)\t%d", r.bounds.sockets)
 	row("  to PostgreSQL, peak\t%d", r.bounds.socketsPG)
 	row("  to blackholes (dials that hang), peak\t%d", r.bounds.socketsHole)
@@ -670,7 +678,8 @@ func (r hostileResult) check(b *testing.B, mix hostileMix) {
 	require.LessOrEqual(b, g["checks_running"], g["checks_max"], "backlog checks above their bound")
 	require.LessOrEqual(b, g["connections_open"], g["connections_max"], "backlog connections above their bound")
 	require.LessOrEqual(b, float64(r.bounds.sockets), g["connections_max"], "the manager's sockets above the bound on connections")
-	require.LessOrEqual(b, float64(r.blackholePeak), g["connections_max"], "dials to the blackholes above the bound on connections")
+	// Not the blackholes' own count: it runs behind the hang-ups it has yet
+	// to read.
 	// A window of k intervals holds at most k+1 writes of a relay written
 	// at most once per interval.
 	most := int(r.steady/r.interval) + 1
