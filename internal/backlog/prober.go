@@ -58,9 +58,10 @@ type Config struct {
 	Now func() time.Time
 	// FirstRetry is the delay after a failed check of a target that has
 	// never been measured, doubling with each failure up to the check
-	// interval (default 2s): a new relay, or one whose table or database
-	// is being created, is measured as soon as it can be, not a whole
-	// interval later.
+	// interval, then on as after a success, up to MaxBackoff (default 2s):
+	// a new relay, or one whose table or database is being created, is
+	// measured as soon as it can be, not a whole interval later, and a
+	// database that never answers is not tried every interval forever.
 	FirstRetry time.Duration
 	// RedisCheck runs the Redis checks of a target that has Redis
 	// (default CheckRedis); RedisInterval is the least time between two
@@ -71,6 +72,12 @@ type Config struct {
 	// relay (default 16). A due check waits for a free slot; its Timeout
 	// starts once it has one.
 	MaxConcurrentChecks int
+	// MaxFailingChecks bounds, within MaxConcurrentChecks, the checks of
+	// relays whose last check failed (default a quarter of it, at least
+	// 1): databases that hang or blackhole connections hold a slot for the
+	// whole Timeout, and must not starve the checks of the relays that
+	// answer.
+	MaxFailingChecks int
 	// AllowDSNFileKeys is PoolMeasurerConfig.AllowFileKeys, for redacting
 	// the password of a DSN from messages the same way it was parsed.
 	AllowDSNFileKeys bool
@@ -88,9 +95,11 @@ type Prober struct {
 	mu      sync.Mutex
 	entries map[types.NamespacedName]*entry
 
-	// slots holds one token per running check.
-	slots   chan struct{}
-	waiting atomic.Int64
+	// slots holds one token per running check; failingSlots one more per
+	// running check of a relay whose last check failed.
+	slots        chan struct{}
+	failingSlots chan struct{}
+	waiting      atomic.Int64
 }
 
 // entry is one relay's state. gen changes whenever the entry is reset, so a
@@ -131,10 +140,14 @@ func NewProber(cfg Config) *Prober {
 	if cfg.MaxConcurrentChecks <= 0 {
 		cfg.MaxConcurrentChecks = 16
 	}
+	if cfg.MaxFailingChecks <= 0 || cfg.MaxFailingChecks > cfg.MaxConcurrentChecks {
+		cfg.MaxFailingChecks = max(1, cfg.MaxConcurrentChecks/4)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Prober{
 		cfg: cfg, ctx: ctx, cancel: cancel, entries: map[types.NamespacedName]*entry{},
-		slots: make(chan struct{}, cfg.MaxConcurrentChecks),
+		slots:        make(chan struct{}, cfg.MaxConcurrentChecks),
+		failingSlots: make(chan struct{}, cfg.MaxFailingChecks),
 	}
 }
 
@@ -199,24 +212,25 @@ func (p *Prober) Observe(key types.NamespacedName, target Target, interval time.
 	obs.InFlight = true
 	checkRedis := target.Redis != nil &&
 		(e.last == nil || e.last.Redis == nil || now.Sub(e.last.Redis.CheckedAt) >= p.cfg.RedisInterval)
+	failing := e.last != nil && e.last.Failure != nil
 	p.wg.Add(1)
-	go p.check(key, target, e.gen, checkRedis)
+	go p.check(key, target, e.gen, checkRedis, failing)
 	return obs
 }
 
-// delay is the time between checks after failures consecutive failures.
-// Until a target is first measured, a failure is retried after FirstRetry,
-// doubling, up to interval.
+// delay is the time between checks after failures consecutive failures:
+// interval, doubling with each failure after the first, up to MaxBackoff.
+// Until a target is first measured, the doubling starts from FirstRetry
+// (2s, 4s, ... up to interval, then on as after a success).
 func (p *Prober) delay(interval time.Duration, failures int, measured bool) time.Duration {
-	if !measured && failures > 0 {
-		d := p.cfg.FirstRetry
-		for i := 1; i < failures && d < interval; i++ {
-			d *= 2
-		}
-		return min(d, interval)
-	}
-	d := interval
 	limit := max(p.cfg.MaxBackoff, interval)
+	d := interval
+	if !measured && failures > 0 {
+		d = min(p.cfg.FirstRetry, interval)
+		for ; failures > 1 && d < interval; failures-- {
+			d = min(2*d, interval)
+		}
+	}
 	for i := 1; i < failures && d < limit; i++ {
 		d *= 2
 	}
@@ -225,13 +239,18 @@ func (p *Prober) delay(interval time.Duration, failures int, measured bool) time
 
 // check runs one measurement and records it, unless the entry was reset or
 // forgotten meanwhile.
-func (p *Prober) check(key types.NamespacedName, target Target, gen uint64, checkRedis bool) {
+func (p *Prober) check(key types.NamespacedName, target Target, gen uint64, checkRedis, failing bool) {
 	defer p.wg.Done()
-	if !p.takeSlot() {
+	if !p.takeSlots(failing) {
 		p.finishStopped(key, gen)
 		return
 	}
-	defer func() { <-p.slots }()
+	defer func() {
+		<-p.slots
+		if failing {
+			<-p.failingSlots
+		}
+	}()
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Timeout)
 	defer cancel()
 
@@ -286,18 +305,35 @@ func (p *Prober) check(key types.NamespacedName, target Target, gen uint64, chec
 	}
 }
 
-// takeSlot waits for one of the MaxConcurrentChecks slots; false when the
-// Prober stopped first.
-func (p *Prober) takeSlot() bool {
+// takeSlots waits for one of the MaxConcurrentChecks slots, and first, for
+// a relay whose last check failed, for one of the MaxFailingChecks; false
+// when the Prober stopped first (holding none).
+func (p *Prober) takeSlots(failing bool) bool {
+	if failing {
+		if !p.take(p.failingSlots) {
+			return false
+		}
+		if !p.take(p.slots) {
+			<-p.failingSlots
+			return false
+		}
+		return true
+	}
+	return p.take(p.slots)
+}
+
+// take puts a token into slots, waiting while it is full (counted in
+// CheckStats.Waiting); false when the Prober stopped first.
+func (p *Prober) take(slots chan struct{}) bool {
 	select {
-	case p.slots <- struct{}{}:
+	case slots <- struct{}{}:
 		return true
 	default:
 	}
 	p.waiting.Add(1)
 	defer p.waiting.Add(-1)
 	select {
-	case p.slots <- struct{}{}:
+	case slots <- struct{}{}:
 		return true
 	case <-p.ctx.Done():
 		return false

@@ -319,8 +319,73 @@ func TestProberBoundsConcurrentChecks(t *testing.T) {
 	require.Equal(t, CheckStats{Max: 2, Relays: 5}, p.CheckStats())
 }
 
+// Relays whose last check failed (a database that hangs or blackholes
+// connections holds its slot for the whole timeout) get at most
+// MaxFailingChecks of the slots: the relays that answer are still measured
+// while every failing one hangs.
+func TestProberKeepsSlotsForRelaysThatAnswer(t *testing.T) {
+	t.Parallel()
+	m := newFakeMeasurer()
+	clock := &fakeClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	p := NewProber(Config{Measurer: m, Timeout: time.Minute, MaxConcurrentChecks: 4, Now: clock.Now})
+	t.Cleanup(p.Stop)
+	observe := func(name string) Observation { return p.Observe(key(name), target("postgres://"+name), time.Second) }
+	done := func(name string) func() bool {
+		return func() bool { o := observe(name); return o.Last != nil && !o.InFlight }
+	}
+
+	// Three relays fail once, then hang.
+	var mu sync.Mutex
+	hanging, most := 0, 0
+	release := make(chan struct{})
+	bad := []string{"bad1", "bad2", "bad3"}
+	for _, name := range bad {
+		first := true
+		m.set(name, func(context.Context) (outbox.Backlog, error) {
+			mu.Lock()
+			if first {
+				first = false
+				mu.Unlock()
+				return outbox.Backlog{}, errors.New("unreachable")
+			}
+			hanging++
+			most = max(most, hanging)
+			mu.Unlock()
+			<-release
+			mu.Lock()
+			hanging--
+			mu.Unlock()
+			return outbox.Backlog{}, errors.New("timeout")
+		})
+		observe(name)
+		require.Eventually(t, done(name), 5*time.Second, 10*time.Millisecond)
+	}
+	clock.Step(time.Hour) // every failed relay is due again
+	for _, name := range bad {
+		require.True(t, observe(name).InFlight)
+	}
+	require.Eventually(t, func() bool { return p.CheckStats().Waiting == 2 }, 5*time.Second, 10*time.Millisecond,
+		"one failing relay hangs in its slot, two wait: %+v", p.CheckStats())
+
+	// A relay that answers is measured meanwhile.
+	m.set("good", count(7))
+	observe("good")
+	require.Eventually(t, done("good"), 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, int64(7), observe("good").Last.Backlog.Count)
+
+	close(release)
+	for _, name := range bad {
+		require.Eventually(t, done(name), 5*time.Second, 10*time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 1, most, "at most MaxFailingChecks (a quarter of 4) failing checks at once")
+}
+
 // A target never measured yet (a new relay, a table being created) is
-// retried soon after a failure: FirstRetry, doubling up to the interval.
+// retried soon after a failure: FirstRetry, doubling up to the interval,
+// then on to MaxBackoff: a database that never answers is not tried every
+// interval forever.
 func TestProberRetriesSoonUntilFirstMeasured(t *testing.T) {
 	t.Parallel()
 	b := setupProber(t, time.Second)
@@ -336,7 +401,7 @@ func TestProberRetriesSoonUntilFirstMeasured(t *testing.T) {
 		b.clock.Step(obs.NextCheckIn)
 	}
 	require.Equal(t, []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
-		30 * time.Second, 30 * time.Second, 30 * time.Second}, waits)
+		30 * time.Second, time.Minute, 2 * time.Minute}, waits, "up to the interval, then backing off as after a success")
 
 	b.measurer.set("a", count(3))
 	b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
