@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
+	"github.com/outbox-dev/outbox-operator/pkg/contract"
 )
 
 // Status is what `kubectl outbox status NAME` shows, and prints with -o
@@ -66,22 +67,12 @@ type Condition struct {
 	LastTransitionTime metav1.Time `json:"lastTransitionTime"`
 }
 
-// StreamInfo is the output of `relay stream-info --output json`.
-type StreamInfo struct {
-	Stream string      `json:"stream"`
-	Exists bool        `json:"exists"`
-	Length int64       `json:"length"`
-	Groups []GroupInfo `json:"groups"`
-}
-
-// GroupInfo is one consumer group; Lag is -1 when Redis cannot tell it.
-type GroupInfo struct {
-	Name            string `json:"name"`
-	Consumers       int64  `json:"consumers"`
-	Pending         int64  `json:"pending"`
-	Lag             int64  `json:"lag"`
-	LastDeliveredID string `json:"lastDeliveredId"`
-}
+// StreamInfo and GroupInfo are the output of `relay stream-info --output
+// json` (pkg/contract: the relay writes it).
+type (
+	StreamInfo = contract.StreamInfo
+	GroupInfo  = contract.GroupInfo
+)
 
 // redisConditions are the conditions that carry the Redis checks.
 var redisConditions = map[string]bool{

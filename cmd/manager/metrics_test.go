@@ -15,6 +15,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -32,28 +34,6 @@ import (
 	"github.com/outbox-dev/outbox-operator/internal/controller"
 )
 
-// envtestHint says how to get the API server binaries.
-const envtestHint = "envtest needs kube-apiserver and etcd: run `make test`, or " +
-	"export KUBEBUILDER_ASSETS=\"$(hack/setup-envtest.sh)\" (it downloads them, or builds them from Go modules)"
-
-// requireEnvtestAssets skips the test (fails it with CI=true) when the API
-// server binaries are missing.
-func requireEnvtestAssets(t testing.TB) {
-	t.Helper()
-	dir := os.Getenv("KUBEBUILDER_ASSETS")
-	if dir == "" {
-		dir = "/usr/local/kubebuilder/bin"
-	}
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
-		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s (missing %s)", envtestHint, filepath.Join(dir, bin))
-			}
-			t.Skipf("%s (missing %s)", envtestHint, filepath.Join(dir, bin))
-		}
-	}
-}
-
 // The manager's /metrics, as the installer configures it (the default
 // flags), against a real kube-apiserver: HTTPS, a scrape without a token is
 // refused, one by an identity without the metrics-reader ClusterRole is
@@ -61,7 +41,7 @@ func requireEnvtestAssets(t testing.TB) {
 // the metrics; HTTP/2 is not offered. The manager itself runs with only
 // config/rbac/metrics_auth_role.yaml, which its checks need.
 func TestMetricsEndpointRequiresAuthorization(t *testing.T) {
-	requireEnvtestAssets(t)
+	testenv.RequireEnvtestAssets(t)
 	testEnv := &envtest.Environment{}
 	admin, err := testEnv.Start()
 	require.NoError(t, err)

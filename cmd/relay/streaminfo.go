@@ -8,26 +8,16 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
+
+	"github.com/outbox-dev/outbox-operator/pkg/contract"
 )
 
-// StreamInfo is what `relay stream-info --output json` prints: the stream's
-// length and, per consumer group, its consumers, pending entries and lag.
-type StreamInfo struct {
-	Stream string      `json:"stream"`
-	Exists bool        `json:"exists"`
-	Length int64       `json:"length"`
-	Groups []GroupInfo `json:"groups"`
-}
-
-// GroupInfo is one consumer group of the stream (XINFO GROUPS). Lag is -1
-// when Redis cannot tell it (after a deletion inside the group's range).
-type GroupInfo struct {
-	Name            string `json:"name"`
-	Consumers       int64  `json:"consumers"`
-	Pending         int64  `json:"pending"`
-	Lag             int64  `json:"lag"`
-	LastDeliveredID string `json:"lastDeliveredId"`
-}
+// StreamInfo and GroupInfo are the output of stream-info (pkg/contract:
+// kubectl outbox reads it).
+type (
+	StreamInfo = contract.StreamInfo
+	GroupInfo  = contract.GroupInfo
+)
 
 func newStreamInfoCommand(c *common) *cobra.Command {
 	var stream, output string

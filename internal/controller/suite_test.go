@@ -41,10 +41,6 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// envtestHint says how to get the API server binaries.
-const envtestHint = "envtest needs kube-apiserver and etcd: run `make test`, or " +
-	"export KUBEBUILDER_ASSETS=\"$(hack/setup-envtest.sh)\" (it downloads them, or builds them from Go modules)"
-
 // suiteTimeout bounds every wait of the envtest tests.
 const suiteTimeout = 45 * time.Second
 
@@ -63,24 +59,6 @@ type suite struct {
 	metrics *prometheus.Registry
 }
 
-// requireEnvtestAssets skips the test (fails it with CI=true) when the API
-// server binaries are missing.
-func requireEnvtestAssets(t testing.TB) {
-	t.Helper()
-	dir := os.Getenv("KUBEBUILDER_ASSETS")
-	if dir == "" {
-		dir = "/usr/local/kubebuilder/bin"
-	}
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
-		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s (missing %s)", envtestHint, filepath.Join(dir, bin))
-			}
-			t.Skipf("%s (missing %s)", envtestHint, filepath.Join(dir, bin))
-		}
-	}
-}
-
 // newTestScheme knows the built-in kinds and the OutboxRelay.
 func newTestScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
@@ -92,7 +70,7 @@ func newTestScheme() *runtime.Scheme {
 // startAPIServer starts envtest with the generated CRD; it stops in cleanup.
 func startAPIServer(t testing.TB) (*envtest.Environment, *rest.Config) {
 	t.Helper()
-	requireEnvtestAssets(t)
+	testenv.RequireEnvtestAssets(t)
 	env := &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,

@@ -43,3 +43,23 @@ const (
 	FieldStreamID   = "stream_id"
 	FieldDeliveries = "deliveries"
 )
+
+// StreamInfo is what `relay stream-info --output json` prints, and what
+// `kubectl outbox status` reads from it: the stream's length and, per
+// consumer group, its consumers, pending entries and lag.
+type StreamInfo struct {
+	Stream string      `json:"stream"`
+	Exists bool        `json:"exists"`
+	Length int64       `json:"length"`
+	Groups []GroupInfo `json:"groups"`
+}
+
+// GroupInfo is one consumer group of the stream (XINFO GROUPS). Lag is -1
+// when Redis cannot tell it (after a deletion inside the group's range).
+type GroupInfo struct {
+	Name            string `json:"name"`
+	Consumers       int64  `json:"consumers"`
+	Pending         int64  `json:"pending"`
+	Lag             int64  `json:"lag"`
+	LastDeliveredID string `json:"lastDeliveredId"`
+}

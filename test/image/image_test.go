@@ -41,16 +41,6 @@ const (
 	runTimeout = 2 * time.Minute
 )
 
-// missing skips the test with hint, or fails it when CI=true: in CI a missing
-// dependency is a failure that says how to get it.
-func missing(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
 // ociImage is the part of an OCI image configuration the tests read.
 type ociImage struct {
 	OS           string `json:"os"`
@@ -92,11 +82,11 @@ type testBundle struct {
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		missing(t, "the image test needs root (buildah's storage, runc): run `sudo make test-image`")
+		testenv.Missing(t, "the image test needs root (buildah's storage, runc): run `sudo make test-image`")
 	}
 	for _, tool := range []string{"buildah", "runc"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			missing(t, "%s is not installed: apt-get install -y buildah runc (make image-offline installs them)", tool)
+			testenv.Missing(t, "%s is not installed: apt-get install -y buildah runc (make image-offline installs them)", tool)
 		}
 	}
 	img := cmp.Or(os.Getenv("IMG"), "ghcr.io/outbox-dev/outbox-operator:dev")
@@ -106,10 +96,10 @@ func setup(t *testing.T) *testBundle {
 
 	imageID, err := output(t, "buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", img)
 	if err != nil {
-		missing(t, "the image %s is not in buildah's storage (%v): build it with `make image-offline` (make test-image does it first)", img, err)
+		testenv.Missing(t, "the image %s is not in buildah's storage (%v): build it with `make image-offline` (make test-image does it first)", img, err)
 	}
 	if _, err := os.Stat(archive); err != nil {
-		missing(t, "the OCI archive %s is missing (%v): build it with `make image-offline`", archive, err)
+		testenv.Missing(t, "the OCI archive %s is missing (%v): build it with `make image-offline`", archive, err)
 	}
 	b := &testBundle{img: img, runcRoot: t.TempDir()}
 	b.config = readArchive(t, archive, img, "sha256:"+strings.TrimSpace(imageID))

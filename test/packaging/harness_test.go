@@ -52,16 +52,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// missing skips the test with hint, or fails it when CI=true: in CI a
-// missing dependency is a failure that says how to get it.
-func missing(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
 // tool returns the path of a pinned tool in bin/ (or $HELM, $KUSTOMIZE).
 func tool(t testing.TB, name string) string {
 	t.Helper()
@@ -70,7 +60,7 @@ func tool(t testing.TB, name string) string {
 		path = filepath.Join(repoRoot, "bin", name)
 	}
 	if _, err := os.Stat(path); err != nil {
-		missing(t, "%s is missing (%v): run `make helm kustomize` (`make test` does it first)", path, err)
+		testenv.Missing(t, "%s is missing (%v): run `make helm kustomize` (`make test` does it first)", path, err)
 	}
 	return path
 }
@@ -192,10 +182,6 @@ func kinds(objs []*unstructured.Unstructured) []string {
 
 // --- the API server ---------------------------------------------------------
 
-// envtestHint says how to get the API server binaries.
-const envtestHint = "envtest needs kube-apiserver and etcd: run `make test`, or " +
-	"export KUBEBUILDER_ASSETS=\"$(hack/setup-envtest.sh)\" (it downloads them, or builds them from Go modules)"
-
 // apiServer is one kube-apiserver and etcd for the whole package, started by
 // the first test that needs it and stopped by TestMain.
 var apiServer struct {
@@ -211,15 +197,7 @@ var apiServer struct {
 // and PrometheusRule CRDs (testdata) installed.
 func cluster(t testing.TB) client.Client {
 	t.Helper()
-	dir := os.Getenv("KUBEBUILDER_ASSETS")
-	if dir == "" {
-		dir = "/usr/local/kubebuilder/bin"
-	}
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
-		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
-			missing(t, "%s (missing %s)", envtestHint, filepath.Join(dir, bin))
-		}
-	}
+	testenv.RequireEnvtestAssets(t)
 	apiServer.once.Do(func() {
 		env := &envtest.Environment{
 			CRDDirectoryPaths: []string{

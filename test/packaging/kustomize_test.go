@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -47,7 +49,7 @@ func makePrintInstaller(t testing.TB, vars ...string) ([]byte, error) {
 	tool(t, "kustomize") // make would build it, and print that on stdout
 	mk, err := exec.LookPath("make")
 	if err != nil {
-		missing(t, "make is missing: apt-get install -y make")
+		testenv.Missing(t, "make is missing: apt-get install -y make")
 	}
 	// Not the jobserver of a make that runs this test.
 	env := []string{"MAKEFLAGS=", "MFLAGS=", "MAKELEVEL="}
