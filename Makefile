@@ -23,6 +23,13 @@ CHART ?= charts/outbox-operator
 # DIST is where build-installer writes install.yaml (gitignored).
 DIST ?= dist
 
+# The Go workspace (go.work): the product module (.), the tools of hack/ and the
+# test infrastructure of test/, each a module of its own so that the product's
+# go.mod lists only what the product uses (docs/development.md, "Modules").
+# test/monitoring stays outside the workspace (the Prometheus module's graph).
+GO_MODULES := . hack test
+GO_PACKAGES := ./... ./hack/... ./test/...
+
 # Setting SHELL to bash allows bash commands to be executed by recipes.
 SHELL = /usr/bin/env bash -o pipefail
 .SHELLFLAGS = -ec
@@ -92,23 +99,25 @@ generate: controller-gen ## Generate DeepCopy methods.
 
 .PHONY: fmt
 fmt: ## Run go fmt against code.
-	go fmt ./...
+	go fmt $(GO_PACKAGES)
 
 .PHONY: vet
 vet: ## Run go vet against code.
-	go vet ./...
+	go vet $(GO_PACKAGES)
 
-# lint covers both modules: test/monitoring (see test-monitoring) finds
-# .golangci.yml in the parent directories.
+# lint covers every module: the workspace's (GO_MODULES) and test/monitoring,
+# each from its own directory; all find .golangci.yml in the parent directories.
 .PHONY: lint
-lint: golangci-lint ## Run golangci-lint (.golangci.yml) on the module and on test/monitoring.
-	"$(GOLANGCI_LINT)" run
-	cd test/monitoring && "$(GOLANGCI_LINT)" run
+lint: golangci-lint ## Run golangci-lint (.golangci.yml) on every module.
+	for m in $(GO_MODULES) test/monitoring; do (cd "$$m" && "$(GOLANGCI_LINT)" run) || exit 1; done
 
 .PHONY: lint-fix
-lint-fix: golangci-lint ## Run golangci-lint and apply the fixes it can (both modules).
-	"$(GOLANGCI_LINT)" run --fix
-	cd test/monitoring && "$(GOLANGCI_LINT)" run --fix
+lint-fix: golangci-lint ## Run golangci-lint and apply the fixes it can (every module).
+	for m in $(GO_MODULES) test/monitoring; do (cd "$$m" && "$(GOLANGCI_LINT)" run --fix) || exit 1; done
+
+.PHONY: check-modules
+check-modules: ## Check that every Go module is tidy and that go.work builds the product with go.mod's versions (hack/check-modules.sh).
+	hack/check-modules.sh
 
 .PHONY: lint-config
 lint-config: golangci-lint ## Verify that .golangci.yml is a valid golangci-lint configuration.
@@ -127,7 +136,7 @@ GO_TEST_FLAGS ?= -race -count=1 -timeout 20m
 .PHONY: test
 test: manifests generate fmt vet test-deps helm kustomize promtool ## Run every test: unit, integration (real PostgreSQL and Redis), envtest, the alerts (promtool) and the dashboard.
 	KUBEBUILDER_ASSETS="$$(ENVTEST_K8S_VERSION=$(ENVTEST_K8S_VERSION) LOCALBIN=$(LOCALBIN) hack/setup-envtest.sh)" \
-		go test $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/e2e) -coverprofile cover.out
+		go test $(GO_TEST_FLAGS) $$(go list $(GO_PACKAGES) | grep -v /test/e2e) -coverprofile cover.out
 	$(MAKE) --no-print-directory test-monitoring
 
 # test/monitoring is a module of its own (the Prometheus module stays out of the product's go.mod).
