@@ -1,10 +1,14 @@
 # syntax=docker/dockerfile:1
 #
-# One image holds every binary of cmd/: the manager is the entrypoint; the relay,
-# orders-api and worker are invoked by path (/relay, /orders-api, /worker). The
-# operator runs its relays from this same image unless told otherwise.
+# Two images from one build stage:
 #
-#   make docker-build IMG=...                       # this machine's platform
+# - the operator's (the last stage, the default target): the manager, its
+#   entrypoint, and the relay (/relay), which the operator runs its relays
+#   from unless told otherwise;
+# - the sample application's (--target sample): orders-api, its entrypoint,
+#   and the worker (/worker), as config/samples runs them (docs/sample.md).
+#
+#   make docker-build IMG=... SAMPLE_IMG=...        # this machine's platform
 #   make docker-buildx IMG=... PLATFORMS=linux/amd64,linux/arm64
 #
 # The builder runs on the build machine's platform and cross-compiles for the
@@ -46,16 +50,27 @@ COPY pkg/ pkg/
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/ ./cmd/...
+    go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/ \
+    ./cmd/manager ./cmd/relay ./cmd/orders-api ./cmd/worker
 
 # distroless static: no shell, no package manager, CA certificates and tzdata
 # included; runs as the non-root user 65532.
-FROM ${RUNTIME_IMAGE}
+FROM ${RUNTIME_IMAGE} AS sample
+LABEL org.opencontainers.image.source="https://github.com/outbox-dev/outbox-operator" \
+      org.opencontainers.image.description="The sample application of outbox-operator: an orders API and an idempotent worker" \
+      org.opencontainers.image.licenses="Apache-2.0"
+WORKDIR /
+COPY --from=builder /out/orders-api /out/worker /
+USER 65532:65532
+
+ENTRYPOINT ["/orders-api"]
+
+FROM ${RUNTIME_IMAGE} AS operator
 LABEL org.opencontainers.image.source="https://github.com/outbox-dev/outbox-operator" \
       org.opencontainers.image.description="outbox-operator: transactional-outbox relays from PostgreSQL to Redis streams" \
       org.opencontainers.image.licenses="Apache-2.0"
 WORKDIR /
-COPY --from=builder /out/ /
+COPY --from=builder /out/manager /out/relay /
 USER 65532:65532
 
 ENTRYPOINT ["/manager"]

@@ -4,6 +4,9 @@
 IMG ?= ghcr.io/outbox-dev/outbox-operator:dev
 # IMAGE_REPO is the image name as config/ and the chart know it (without a tag).
 IMAGE_REPO ?= ghcr.io/outbox-dev/outbox-operator
+# SAMPLE_IMG is the sample application's image (the Dockerfile's target
+# sample: orders-api and the worker), as config/samples names it.
+SAMPLE_IMG ?= ghcr.io/outbox-dev/outbox-operator-sample:dev
 ENVTEST_K8S_VERSION ?= 1.37.2
 
 # CONTAINER_TOOL builds and pushes the image: docker, podman or buildah.
@@ -203,34 +206,41 @@ CONTAINER_BUILD = $(CONTAINER_TOOL) build
 endif
 
 .PHONY: docker-build
-docker-build: ## Build the image IMG for this machine's platform with CONTAINER_TOOL (docker, podman or buildah).
+docker-build: ## Build the images IMG (the operator) and SAMPLE_IMG (the sample) for this machine's platform with CONTAINER_TOOL (docker, podman or buildah).
 	$(call require-container-engine,$@)
 	$(CONTAINER_BUILD) --build-arg VERSION=$(VERSION) $(CONTAINER_BUILD_ARGS) -t $(IMG) .
+	$(CONTAINER_BUILD) --build-arg VERSION=$(VERSION) $(CONTAINER_BUILD_ARGS) --target sample -t $(SAMPLE_IMG) .
 
 .PHONY: docker-push
-docker-push: ## Push the image IMG.
+docker-push: ## Push the images IMG and SAMPLE_IMG.
 	$(call require-container-engine,$@)
 	$(CONTAINER_TOOL) push $(IMG)
+	$(CONTAINER_TOOL) push $(SAMPLE_IMG)
 
 .PHONY: docker-buildx
-docker-buildx: ## Build and push IMG for every platform of PLATFORMS (needs Docker with buildx).
+docker-buildx: ## Build and push IMG and SAMPLE_IMG for every platform of PLATFORMS (needs Docker with buildx).
 	@[ "$(notdir $(CONTAINER_TOOL))" = docker ] || { echo "$@ needs Docker with buildx (CONTAINER_TOOL=$(CONTAINER_TOOL)); with podman or buildah, build each platform with --platform into a --manifest list." >&2; exit 1; }
 	$(call require-container-engine,$@)
 	- $(CONTAINER_TOOL) buildx create --name outbox-operator-builder
 	$(CONTAINER_TOOL) buildx use outbox-operator-builder
 	- $(CONTAINER_TOOL) buildx build --push --platform=$(PLATFORMS) --build-arg VERSION=$(VERSION) $(CONTAINER_BUILD_ARGS) --tag $(IMG) .
+	- $(CONTAINER_TOOL) buildx build --push --platform=$(PLATFORMS) --build-arg VERSION=$(VERSION) $(CONTAINER_BUILD_ARGS) --target sample --tag $(SAMPLE_IMG) .
 	- $(CONTAINER_TOOL) buildx rm outbox-operator-builder
 
-# IMAGE_ARCHIVE is the OCI archive of IMG that image-offline writes (for ctr images import).
+# IMAGE_ARCHIVE and SAMPLE_IMAGE_ARCHIVE are the OCI archives of IMG and
+# SAMPLE_IMG that image-offline writes (for ctr images import).
 IMAGE_ARCHIVE ?= $(LOCALBIN)/images/outbox-operator.oci.tar
+SAMPLE_IMAGE_ARCHIVE ?= $(LOCALBIN)/images/outbox-operator-sample.oci.tar
 
 .PHONY: image-offline
-image-offline: ## Build IMG from the Dockerfile with buildah and locally made base images (root; no engine, no registry); also writes IMAGE_ARCHIVE.
-	IMG="$(IMG)" VERSION="$(VERSION)" IMAGE_ARCHIVE="$(IMAGE_ARCHIVE)" hack/images/build-offline.sh >/dev/null
+image-offline: ## Build IMG and SAMPLE_IMG from the Dockerfile with buildah and locally made base images (root; no engine, no registry); also writes their OCI archives.
+	IMG="$(IMG)" SAMPLE_IMG="$(SAMPLE_IMG)" VERSION="$(VERSION)" IMAGE_ARCHIVE="$(IMAGE_ARCHIVE)" SAMPLE_IMAGE_ARCHIVE="$(SAMPLE_IMAGE_ARCHIVE)" \
+		hack/images/build-offline.sh >/dev/null
 
 .PHONY: test-image
-test-image: image-offline ## Run the image of image-offline with runc (test/image, root): user 65532, read-only root, every binary starts.
-	IMG="$(IMG)" IMAGE_ARCHIVE="$(IMAGE_ARCHIVE)" go test -tags image ./test/image/... -count=1 -v -timeout 10m
+test-image: image-offline ## Run the images of image-offline with runc (test/image, root): user 65532, read-only root, every binary starts.
+	IMG="$(IMG)" IMAGE_ARCHIVE="$(IMAGE_ARCHIVE)" SAMPLE_IMG="$(SAMPLE_IMG)" SAMPLE_IMAGE_ARCHIVE="$(SAMPLE_IMAGE_ARCHIVE)" \
+		go test -tags image ./test/image/... -count=1 -v -timeout 10m
 
 # INSTALL_SCOPE picks the kustomization that build-installer, print-installer,
 # deploy and undeploy render: namespaced (the default, config/default: the
@@ -409,8 +419,10 @@ KIND ?= $(LOCALBIN)/kind
 KIND_VERSION ?= v0.33.0
 # KIND_CLUSTER is the kind cluster test-e2e-kind creates and deletes.
 KIND_CLUSTER ?= outbox-e2e
-# KIND_IMG is the image test-e2e-kind builds and loads; config/samples runs its :dev tag.
+# KIND_IMG and KIND_SAMPLE_IMG are the images test-e2e-kind builds and loads;
+# config/samples runs their :dev tags.
 KIND_IMG ?= $(IMAGE_REPO):dev
+KIND_SAMPLE_IMG ?= $(SAMPLE_IMG)
 
 .PHONY: test-e2e-local
 test-e2e-local: test-deps helm ## Run the end-to-end suite on the local cluster (root, no Docker): starts it, runs test/e2e, tears it down (E2E_KEEP=1 keeps it).
@@ -422,8 +434,8 @@ test-e2e-kind: helm kind ## Run the end-to-end suite on kind (needs Docker): cre
 	@mkdir -p "$(DIST)"
 	@trap '"$(KIND)" delete cluster --name "$(KIND_CLUSTER)"' EXIT; \
 	"$(KIND)" create cluster --name "$(KIND_CLUSTER)" --kubeconfig "$(abspath $(DIST))/kind-$(KIND_CLUSTER).kubeconfig" --wait 5m && \
-	$(MAKE) --no-print-directory docker-build IMG="$(KIND_IMG)" && \
-	"$(KIND)" load docker-image "$(KIND_IMG)" --name "$(KIND_CLUSTER)" && \
+	$(MAKE) --no-print-directory docker-build IMG="$(KIND_IMG)" SAMPLE_IMG="$(KIND_SAMPLE_IMG)" && \
+	"$(KIND)" load docker-image "$(KIND_IMG)" "$(KIND_SAMPLE_IMG)" --name "$(KIND_CLUSTER)" && \
 	KUBECONFIG="$(abspath $(DIST))/kind-$(KIND_CLUSTER).kubeconfig" E2E_CLUSTER=kind E2E_IMAGE_TAG="$(lastword $(subst :, ,$(KIND_IMG)))" HELM="$(HELM)" \
 		go test -tags=e2e ./test/e2e/... $(E2E_FLAGS)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# build-offline.sh builds the operator's image from the repository's Dockerfile on a
+# build-offline.sh builds the operator's and the sample's images from the repository's Dockerfile on a
 # machine with no Docker engine and no reachable container registry (`make
 # image-offline`). The Dockerfile's build steps run unchanged; only its two base
 # images, the build arguments BUILDER_IMAGE and RUNTIME_IMAGE, are replaced by
@@ -20,7 +20,8 @@
 #            no shell.
 #
 # Then `buildah bud` builds the Dockerfile with those two as build arguments into
-# buildah's local storage as IMG, and writes an OCI archive of it (IMAGE_ARCHIVE),
+# buildah's local storage: its target operator as IMG and its target sample as
+# SAMPLE_IMG, and writes an OCI archive of each (IMAGE_ARCHIVE, SAMPLE_IMAGE_ARCHIVE),
 # which containerd imports: ctr -n k8s.io images import <archive>.
 #
 # It is idempotent: a base image is rebuilt only when its inputs changed (its
@@ -33,7 +34,9 @@
 # it installs the missing ones with apt-get.
 #
 # Environment: IMG (ghcr.io/outbox-dev/outbox-operator:dev), VERSION (dev),
-# IMAGE_ARCHIVE (bin/images/outbox-operator.oci.tar), GOROOT (the go on PATH's),
+# IMAGE_ARCHIVE (bin/images/outbox-operator.oci.tar), SAMPLE_IMG
+# (ghcr.io/outbox-dev/outbox-operator-sample:dev, the Dockerfile's target sample),
+# SAMPLE_IMAGE_ARCHIVE (bin/images/outbox-operator-sample.oci.tar), GOROOT (the go on PATH's),
 # OFFLINE_BUILDER_IMAGE, OFFLINE_RUNTIME_IMAGE (the names above).
 set -euo pipefail
 
@@ -45,6 +48,8 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 IMG="${IMG:-ghcr.io/outbox-dev/outbox-operator:dev}"
 VERSION="${VERSION:-dev}"
 IMAGE_ARCHIVE="${IMAGE_ARCHIVE:-${repo_root}/bin/images/outbox-operator.oci.tar}"
+SAMPLE_IMG="${SAMPLE_IMG:-ghcr.io/outbox-dev/outbox-operator-sample:dev}"
+SAMPLE_IMAGE_ARCHIVE="${SAMPLE_IMAGE_ARCHIVE:-${repo_root}/bin/images/outbox-operator-sample.oci.tar}"
 OFFLINE_RUNTIME_IMAGE="${OFFLINE_RUNTIME_IMAGE:-localhost/outbox-operator-offline/distroless-static:nonroot}"
 
 # inputs_label is the label holding the fingerprint of a base image's inputs.
@@ -192,36 +197,43 @@ base_image "${OFFLINE_RUNTIME_IMAGE}" \
 	--env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
 	--user 65532 --workingdir /home/nonroot
 
-### The image, from the Dockerfile as it is.
+### The images, from the Dockerfile as it is.
 
-log "building ${IMG} from ${repo_root}/Dockerfile"
-# What `make docker-build CONTAINER_TOOL=buildah` runs, with the local bases and
-# --pull=never: nothing is looked up in a registry. buildah 1.28 sets no
-# TARGETOS/TARGETARCH; they are the host's (the builder's Go, on the host's platform).
-buildah bud --isolation chroot --layers --pull=never \
-	--build-arg TARGETOS="$("${GOROOT}/bin/go" env GOOS)" \
-	--build-arg TARGETARCH="$("${GOROOT}/bin/go" env GOARCH)" \
-	--build-arg BUILDER_IMAGE="${OFFLINE_BUILDER_IMAGE}" \
-	--build-arg RUNTIME_IMAGE="${OFFLINE_RUNTIME_IMAGE}" \
-	--build-arg VERSION="${VERSION}" \
-	--tag "${IMG}" --file "${repo_root}/Dockerfile" "${repo_root}" >&2
+# build_image TARGET NAME ARCHIVE builds the Dockerfile's stage TARGET as NAME
+# and writes its OCI archive, for containerd, to ARCHIVE (kept when the image
+# did not change). What `make docker-build CONTAINER_TOOL=buildah` runs, with
+# the local bases and --pull=never: nothing is looked up in a registry. buildah
+# 1.28 sets no TARGETOS/TARGETARCH; they are the host's (the builder's Go, on
+# the host's platform). The second build reuses the first one's build stage
+# from buildah's layer cache.
+build_image() {
+	local target="$1" name="$2" archive="$3" image_id
+	log "building ${name} (target ${target}) from ${repo_root}/Dockerfile"
+	buildah bud --isolation chroot --layers --pull=never \
+		--build-arg TARGETOS="$("${GOROOT}/bin/go" env GOOS)" \
+		--build-arg TARGETARCH="$("${GOROOT}/bin/go" env GOARCH)" \
+		--build-arg BUILDER_IMAGE="${OFFLINE_BUILDER_IMAGE}" \
+		--build-arg RUNTIME_IMAGE="${OFFLINE_RUNTIME_IMAGE}" \
+		--build-arg VERSION="${VERSION}" \
+		--target "${target}" --tag "${name}" --file "${repo_root}/Dockerfile" "${repo_root}" >&2
 
-image_id="$(buildah inspect --type image --format '{{.FromImageID}}' "${IMG}")"
+	image_id="$(buildah inspect --type image --format '{{.FromImageID}}' "${name}")"
+	mkdir -p "$(dirname "${archive}")"
+	if [[ -f "${archive}" && "$(cat "${archive}.id" 2>/dev/null)" == "${image_id}" ]]; then
+		log "reusing ${archive} (image ${image_id:0:12})"
+	else
+		log "writing ${archive}"
+		rm -f "${archive}.tmp" "${archive}.id"
+		buildah push --quiet "${name}" "oci-archive:${archive}.tmp:${name}" >&2
+		mv -f "${archive}.tmp" "${archive}"
+		printf '%s\n' "${image_id}" >"${archive}.id"
+	fi
+	log "done: ${name} (image ${image_id:0:12}) in buildah's storage; OCI archive ${archive}"
+}
 
-### The OCI archive, for containerd.
+build_image operator "${IMG}" "${IMAGE_ARCHIVE}"
+build_image sample "${SAMPLE_IMG}" "${SAMPLE_IMAGE_ARCHIVE}"
 
-mkdir -p "$(dirname "${IMAGE_ARCHIVE}")"
-if [[ -f "${IMAGE_ARCHIVE}" && "$(cat "${IMAGE_ARCHIVE}.id" 2>/dev/null)" == "${image_id}" ]]; then
-	log "reusing ${IMAGE_ARCHIVE} (image ${image_id:0:12})"
-else
-	log "writing ${IMAGE_ARCHIVE}"
-	rm -f "${IMAGE_ARCHIVE}.tmp" "${IMAGE_ARCHIVE}.id"
-	buildah push --quiet "${IMG}" "oci-archive:${IMAGE_ARCHIVE}.tmp:${IMG}" >&2
-	mv -f "${IMAGE_ARCHIVE}.tmp" "${IMAGE_ARCHIVE}"
-	printf '%s\n' "${image_id}" >"${IMAGE_ARCHIVE}.id"
-fi
-
-log "done: ${IMG} (image ${image_id:0:12}) in buildah's storage; OCI archive ${IMAGE_ARCHIVE}"
-log "import it into containerd with: ctr -n k8s.io images import ${IMAGE_ARCHIVE}"
-# stdout: the archive's path, the only line, for scripts.
-printf '%s\n' "${IMAGE_ARCHIVE}"
+log "import them into containerd with: ctr -n k8s.io images import <archive>"
+# stdout: the archives' paths, the operator's first, for scripts.
+printf '%s\n' "${IMAGE_ARCHIVE}" "${SAMPLE_IMAGE_ARCHIVE}"

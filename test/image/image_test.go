@@ -63,10 +63,37 @@ type descriptor struct {
 	Annotations map[string]string `json:"annotations"`
 }
 
+// imageSpec is one image of the Dockerfile: the operator's or the sample's.
+type imageSpec struct {
+	target     string // the Dockerfile's stage
+	imgEnv     string // the variable naming the image, and its default
+	img        string
+	archiveEnv string // the variable naming its OCI archive, and its default
+	archive    string
+	entrypoint string   // the binary the image starts
+	binaries   []string // every binary in the image, at /
+}
+
+// images are the two images make image-offline builds; every command of cmd/
+// but the kubectl plugin (a client) is in one of them.
+var images = []imageSpec{
+	{
+		target: "operator", imgEnv: "IMG", img: "ghcr.io/outbox-dev/outbox-operator:dev",
+		archiveEnv: "IMAGE_ARCHIVE", archive: "outbox-operator.oci.tar",
+		entrypoint: "manager", binaries: []string{"manager", "relay"},
+	},
+	{
+		target: "sample", imgEnv: "SAMPLE_IMG", img: "ghcr.io/outbox-dev/outbox-operator-sample:dev",
+		archiveEnv: "SAMPLE_IMAGE_ARCHIVE", archive: "outbox-operator-sample.oci.tar",
+		entrypoint: "orders-api", binaries: []string{"orders-api", "worker"},
+	},
+}
+
 // testBundle is the image under test: its configuration (from the OCI
 // archive), its root file system (a buildah working container, mounted), the
 // probe and a runc state directory of this test's own.
 type testBundle struct {
+	spec     imageSpec
 	img      string
 	config   ociImage
 	rootfs   string
@@ -79,7 +106,7 @@ type testBundle struct {
 // checks the archive against buildah's image, mounts the image's root file
 // system and builds the probe. Everything it creates goes at the test's end,
 // also when the test fails.
-func setup(t *testing.T) *testBundle {
+func setup(t *testing.T, spec imageSpec) *testBundle {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		testenv.Missing(t, "the image test needs root (buildah's storage, runc): run `sudo make test-image`")
@@ -89,8 +116,8 @@ func setup(t *testing.T) *testBundle {
 			testenv.Missing(t, "%s is not installed: apt-get install -y buildah runc (make image-offline installs them)", tool)
 		}
 	}
-	img := cmp.Or(os.Getenv("IMG"), "ghcr.io/outbox-dev/outbox-operator:dev")
-	archive := cmp.Or(os.Getenv("IMAGE_ARCHIVE"), filepath.Join(repoRoot, "bin", "images", "outbox-operator.oci.tar"))
+	img := cmp.Or(os.Getenv(spec.imgEnv), spec.img)
+	archive := cmp.Or(os.Getenv(spec.archiveEnv), filepath.Join(repoRoot, "bin", "images", spec.archive))
 
 	removeLeftovers(t)
 
@@ -101,10 +128,10 @@ func setup(t *testing.T) *testBundle {
 	if _, err := os.Stat(archive); err != nil {
 		testenv.Missing(t, "the OCI archive %s is missing (%v): build it with `make image-offline`", archive, err)
 	}
-	b := &testBundle{img: img, runcRoot: t.TempDir()}
+	b := &testBundle{spec: spec, img: img, runcRoot: t.TempDir()}
 	b.config = readArchive(t, archive, img, "sha256:"+strings.TrimSpace(imageID))
 
-	name := containerPrefix + strconv.Itoa(os.Getpid())
+	name := containerPrefix + strconv.Itoa(os.Getpid()) + "-" + spec.target
 	_, err = output(t, "buildah", "from", "--pull=never", "--quiet", "--name", name, img)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -224,7 +251,7 @@ func readArchive(t *testing.T, archive, img, wantConfig string) ociImage {
 func (b *testBundle) run(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	uid, gid := parseUser(t, b.config.Config.User)
-	id := containerPrefix + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(b.runs.Add(1), 10)
+	id := containerPrefix + strconv.Itoa(os.Getpid()) + "-" + b.spec.target + "-" + strconv.FormatInt(b.runs.Add(1), 10)
 	dir := t.TempDir()
 	spec := runtimeSpec(b.rootfs, b.probe, uid, gid, b.config.Config.Env, cmp.Or(b.config.Config.WorkingDir, "/"), args)
 	data, err := json.MarshalIndent(spec, "", "  ")
@@ -297,28 +324,49 @@ func runtimeSpec(rootfs, probe string, uid, gid int, env []string, cwd string, a
 	}
 }
 
-// commands are the directories of cmd/: one binary each in the image.
+// commands are the directories of cmd/.
 func commands(t testing.TB) []string { return testenv.Commands(t, repoRoot) }
 
-func TestImage(t *testing.T) {
-	b := setup(t)
+// Every command of cmd/ but the kubectl plugin is in exactly one image.
+func TestImagesHoldEveryCommand(t *testing.T) {
+	var inImages []string
+	for _, spec := range images {
+		inImages = append(inImages, spec.binaries...)
+	}
+	var want []string
+	for _, c := range commands(t) {
+		if c != "kubectl-outbox" {
+			want = append(want, c)
+		}
+	}
+	require.ElementsMatch(t, want, inImages)
+}
 
+func TestImage(t *testing.T) {
+	for _, spec := range images {
+		// One image after the other: each removes its working container
+		// and runc containers at its end.
+		t.Run(spec.target, func(t *testing.T) { testImage(t, setup(t, spec)) })
+	}
+}
+
+func testImage(t *testing.T, b *testBundle) {
 	// What the Dockerfile says, as the archive containerd imports has it.
 	t.Run("Config", func(t *testing.T) {
 		c := b.config
 		require.Equal(t, "linux", c.OS)
 		require.Equal(t, runtime.GOARCH, c.Architecture)
-		require.Equal(t, []string{"/manager"}, c.Config.Entrypoint)
+		require.Equal(t, []string{"/" + b.spec.entrypoint}, c.Config.Entrypoint)
 		require.Empty(t, c.Config.Cmd)
 		require.Equal(t, "65532:65532", c.Config.User)
 		require.Equal(t, "https://github.com/outbox-dev/outbox-operator", c.Config.Labels["org.opencontainers.image.source"])
 		require.Contains(t, c.Config.Env, "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt", "the runtime base's environment")
 	})
 
-	// One static binary per directory of cmd/, at /, owned by root and not
-	// writable by the user; no shell.
+	// Its static binaries at /, owned by root and not writable by the user;
+	// none of the other image's, no shell.
 	t.Run("Files", func(t *testing.T) {
-		for _, name := range commands(t) {
+		for _, name := range b.spec.binaries {
 			path := filepath.Join(b.rootfs, name)
 			info, err := os.Stat(path)
 			require.NoError(t, err, "the image has no /%s", name)
@@ -330,6 +378,12 @@ func TestImage(t *testing.T) {
 				require.NotEqual(t, elf.PT_INTERP, p.Type, "/%s is dynamically linked", name)
 			}
 			require.NoError(t, f.Close())
+		}
+		for _, name := range commands(t) {
+			if !slices.Contains(b.spec.binaries, name) {
+				_, err := os.Lstat(filepath.Join(b.rootfs, name))
+				require.ErrorIs(t, err, os.ErrNotExist, "the %s image holds /%s, which it does not run", b.spec.target, name)
+			}
 		}
 		for _, sh := range []string{"bin/sh", "bin/bash", "bin/busybox"} {
 			_, err := os.Lstat(filepath.Join(b.rootfs, sh))
@@ -360,18 +414,18 @@ func TestImage(t *testing.T) {
 		require.Greater(t, r.CACertificates, 10, "CA certificates at SSL_CERT_FILE")
 		require.Empty(t, r.TimeZone, "tzdata: loading Europe/Berlin")
 		require.Empty(t, r.Shell)
-		for _, name := range commands(t) {
+		for _, name := range b.spec.binaries {
 			require.Contains(t, r.RootEntries, name)
 		}
 	})
 
-	// Every binary starts: --help exits 0 with its usage. The manager runs
-	// as the entrypoint.
-	for _, name := range commands(t) {
+	// Every binary starts: --help exits 0 with its usage. The entrypoint runs
+	// as such.
+	for _, name := range b.spec.binaries {
 		t.Run("Help/"+name, func(t *testing.T) {
 			t.Parallel()
 			args := []string{"/" + name, "--help"}
-			if name == "manager" {
+			if name == b.spec.entrypoint {
 				args = append(slices.Clone(b.config.Config.Entrypoint), "--help")
 			}
 			stdout, stderr, code := b.run(t, args...)

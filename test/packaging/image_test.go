@@ -137,21 +137,72 @@ func TestDockerfileCopiesEverySourceDir(t *testing.T) {
 			".dockerignore keeps %s/ out of the build context", d)
 	}
 
-	// One build of every cmd/, static, into a non-root distroless image
-	// whose entrypoint is the manager; the binaries sit at / (/relay is what
-	// the controller runs).
-	require.Contains(t, lines, `ENTRYPOINT ["/manager"]`)
-	require.Contains(t, lines, "USER 65532:65532")
 	// The base images are build arguments (make image-offline substitutes
 	// local ones); their defaults are the golang and distroless images.
 	require.Contains(t, lines, "ARG BUILDER_IMAGE=golang:${GO_VERSION}")
 	require.Contains(t, lines, "FROM --platform=$BUILDPLATFORM ${BUILDER_IMAGE} AS builder")
 	require.Contains(t, lines, "ARG RUNTIME_IMAGE=gcr.io/distroless/static:nonroot")
-	require.Contains(t, lines, "FROM ${RUNTIME_IMAGE}")
-	require.Contains(t, lines, "COPY --from=builder /out/ /")
 	build := strings.Join(lines, " ")
 	require.Contains(t, build, "CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH}")
-	require.Contains(t, build, "-o /out/ ./cmd/...")
+
+	// Two images from the one build, each a non-root distroless image with
+	// its binaries at / (/relay is what the controller runs): the operator's
+	// is the last stage, so a plain build makes it.
+	stages := dockerfileStages(lines)
+	require.Equal(t, []string{"builder", "sample", "operator"}, stageNames(stages))
+	for _, want := range []struct {
+		stage, entrypoint string
+		binaries          []string
+	}{
+		{stage: "operator", entrypoint: "/manager", binaries: []string{"manager", "relay"}},
+		{stage: "sample", entrypoint: "/orders-api", binaries: []string{"orders-api", "worker"}},
+	} {
+		st := stages[slices.IndexFunc(stages, func(s stage) bool { return s.name == want.stage })]
+		require.Equal(t, "FROM ${RUNTIME_IMAGE} AS "+want.stage, st.lines[0])
+		require.Contains(t, st.lines, "USER 65532:65532", want.stage)
+		require.Contains(t, st.lines, `ENTRYPOINT ["`+want.entrypoint+`"]`, want.stage)
+		var from []string
+		for _, b := range want.binaries {
+			from = append(from, "/out/"+b)
+			require.Contains(t, build, "./cmd/"+b, "the build stage does not build cmd/%s", b)
+		}
+		require.Contains(t, st.lines, "COPY --from=builder "+strings.Join(from, " ")+" /", want.stage)
+	}
+	// Every command but the kubectl plugin (a client, installed with krew)
+	// is in one of the two images.
+	for _, c := range commands(t) {
+		if c != "kubectl-outbox" {
+			require.Contains(t, build, "./cmd/"+c+" ", "cmd/%s is in neither image", c)
+		}
+	}
+}
+
+// stage is one FROM of the Dockerfile and the lines up to the next.
+type stage struct {
+	name  string
+	lines []string
+}
+
+func dockerfileStages(lines []string) []stage {
+	var stages []stage
+	for _, l := range lines {
+		if strings.HasPrefix(l, "FROM ") {
+			f := strings.Fields(l)
+			stages = append(stages, stage{name: f[len(f)-1]})
+		}
+		if len(stages) > 0 && l != "" && !strings.HasPrefix(l, "#") {
+			stages[len(stages)-1].lines = append(stages[len(stages)-1].lines, l)
+		}
+	}
+	return stages
+}
+
+func stageNames(stages []stage) []string {
+	names := make([]string, len(stages))
+	for i, s := range stages {
+		names[i] = s.name
+	}
+	return names
 }
 
 // The image builds with the Go of go.mod: the golang image runs with

@@ -49,9 +49,13 @@ const DefaultStateDir = "/var/lib/outbox-local-cluster"
 // NodeProcess is the name of the node's pid file and log.
 const NodeProcess = "node"
 
-// ProjectImage is the image repository whose containers the node runs from
-// the binaries of this repo.
-const ProjectImage = "ghcr.io/outbox-dev/outbox-operator"
+// ProjectImage and SampleImage are the image repositories whose containers
+// the node runs from the binaries of this repo: the operator's image and the
+// sample application's (the Dockerfile's targets operator and sample).
+const (
+	ProjectImage = "ghcr.io/outbox-dev/outbox-operator"
+	SampleImage  = "ghcr.io/outbox-dev/outbox-operator-sample"
+)
 
 // State is the cluster's shape, chosen once by Up and kept in
 // <state>/cluster.json so that every later command, and the node process,

@@ -31,7 +31,12 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-const image = cluster.ProjectImage + ":dev"
+// The two images of this repo (the Dockerfile's targets): the operator's and
+// the sample's.
+const (
+	image       = cluster.ProjectImage + ":dev"
+	sampleImage = cluster.SampleImage + ":dev"
+)
 
 // requireLocalCluster skips (fails in CI) unless the machine can run a
 // cluster. The file is built only with -tags localcluster (make
@@ -153,7 +158,7 @@ func TestLocalClusterRunsDeploymentsAndJobs(t *testing.T) {
 		LocalObjectReference: corev1.LocalObjectReference{Name: "db"}, Key: "dsn"}}}}
 
 	t.Log("A Job of this repo's binary runs to completion")
-	migrate := job("migrate", corev1.RestartPolicyOnFailure, []string{"/orders-api", "migrate", "--timeout=1m"}, dbEnv)
+	migrate := job("migrate", sampleImage, corev1.RestartPolicyOnFailure, []string{"/orders-api", "migrate", "--timeout=1m"}, dbEnv)
 	_, err = cs.BatchV1().Jobs(ns).Create(ctx, migrate, metav1.CreateOptions{})
 	require.NoError(t, err)
 	waitJob(t, cs, ns, "migrate", batchv1.JobComplete)
@@ -164,7 +169,7 @@ func TestLocalClusterRunsDeploymentsAndJobs(t *testing.T) {
 	t.Logf("migrate logs: %s", logs)
 
 	t.Log("A failing Job fails, with the exit code in the container status")
-	_, err = cs.BatchV1().Jobs(ns).Create(ctx, job("fails", corev1.RestartPolicyNever, []string{"/relay", "no-such-command"}, nil), metav1.CreateOptions{})
+	_, err = cs.BatchV1().Jobs(ns).Create(ctx, job("fails", image, corev1.RestartPolicyNever, []string{"/relay", "no-such-command"}, nil), metav1.CreateOptions{})
 	require.NoError(t, err)
 	waitJob(t, cs, ns, "fails", batchv1.JobFailed)
 	failed := podsOf(t, cs, ns, "job-name=fails")[0]
@@ -224,7 +229,7 @@ func TestLocalClusterRunsDeploymentsAndJobs(t *testing.T) {
 	})
 }
 
-func job(name string, policy corev1.RestartPolicy, command []string, env []corev1.EnvVar) *batchv1.Job {
+func job(name, image string, policy corev1.RestartPolicy, command []string, env []corev1.EnvVar) *batchv1.Job {
 	return &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: batchv1.JobSpec{
@@ -250,7 +255,7 @@ func deployment(name string, env []corev1.EnvVar) *appsv1.Deployment {
 					TerminationGracePeriodSeconds: new(int64(5)),
 					SecurityContext:               &corev1.PodSecurityContext{RunAsNonRoot: new(true), RunAsUser: new(int64(65532))},
 					Containers: []corev1.Container{{
-						Name: name, Image: image,
+						Name: name, Image: sampleImage,
 						Command: []string{"/orders-api"}, Args: []string{"--bind-address=:$(PORT)"},
 						Env:   append([]corev1.EnvVar{{Name: "PORT", Value: "8080"}}, env...),
 						Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},

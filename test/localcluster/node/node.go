@@ -45,13 +45,24 @@ import (
 // HostIP is the node's address: the API server reaches the kubelet API there.
 const HostIP = "127.0.0.1"
 
-// ProjectImage describes this project's image: the binaries of cmd/, its
-// ENTRYPOINT /manager and its USER 65532 (see the Dockerfile).
+// ProjectImage describes the operator's image: its binaries, its ENTRYPOINT
+// /manager and its USER 65532 (see the Dockerfile's target operator).
 func ProjectImage() podspec.Image {
 	return podspec.Image{
 		Repository: cluster.ProjectImage,
 		Entrypoint: []string{"/manager"},
-		Binaries:   []string{"/manager", "/relay", "/orders-api", "/worker"},
+		Binaries:   []string{"/manager", "/relay"},
+		User:       65532, Group: 65532,
+	}
+}
+
+// SampleImage describes the sample application's image (the Dockerfile's
+// target sample): orders-api, its ENTRYPOINT, and the worker.
+func SampleImage() podspec.Image {
+	return podspec.Image{
+		Repository: cluster.SampleImage,
+		Entrypoint: []string{"/orders-api"},
+		Binaries:   []string{"/orders-api", "/worker"},
 		User:       65532, Group: 65532,
 	}
 }
@@ -119,7 +130,7 @@ func Run(ctx context.Context, stateDir string, log *slog.Logger) error {
 		provider = &Provider{
 			log: log, client: client,
 			secrets: cfg.Secrets, configMaps: cfg.ConfigMaps, services: cfg.Services,
-			network: network, images: []podspec.Image{ProjectImage()},
+			network: network, images: []podspec.Image{ProjectImage(), SampleImage()},
 			binDir: s.BinDir, self: self, podsDir: s.PodsDir(), hostIP: HostIP,
 			proxy: proxy, ipam: ipam,
 			probeClient: &http.Client{
