@@ -108,15 +108,18 @@ fmt: ## Run go fmt against code.
 vet: ## Run go vet against code.
 	go vet $(GO_PACKAGES)
 
-# lint covers every module: the workspace's (GO_MODULES) and test/monitoring,
-# each from its own directory; all find .golangci.yml in the parent directories.
+# lint covers every module: the workspace's (GO_MODULES) and test/monitoring
+# (outside the workspace: GOWORK=off), each from its own directory; all find
+# .golangci.yml in the parent directories.
 .PHONY: lint
 lint: golangci-lint ## Run golangci-lint (.golangci.yml) on every module.
-	for m in $(GO_MODULES) test/monitoring; do (cd "$$m" && "$(GOLANGCI_LINT)" run) || exit 1; done
+	for m in $(GO_MODULES); do (cd "$$m" && "$(GOLANGCI_LINT)" run) || exit 1; done
+	cd test/monitoring && GOWORK=off "$(GOLANGCI_LINT)" run
 
 .PHONY: lint-fix
 lint-fix: golangci-lint ## Run golangci-lint and apply the fixes it can (every module).
-	for m in $(GO_MODULES) test/monitoring; do (cd "$$m" && "$(GOLANGCI_LINT)" run --fix) || exit 1; done
+	for m in $(GO_MODULES); do (cd "$$m" && "$(GOLANGCI_LINT)" run --fix) || exit 1; done
+	cd test/monitoring && GOWORK=off "$(GOLANGCI_LINT)" run --fix
 
 .PHONY: check-modules
 check-modules: ## Check that every Go module is tidy and that go.work builds the product with go.mod's versions (hack/check-modules.sh).
@@ -142,10 +145,11 @@ test: manifests generate fmt vet test-deps helm kustomize promtool ## Run every 
 		go test $(GO_TEST_FLAGS) $$(go list $(GO_PACKAGES) | grep -v /test/e2e) -coverprofile cover.out
 	$(MAKE) --no-print-directory test-monitoring
 
-# test/monitoring is a module of its own (the Prometheus module stays out of the product's go.mod).
+# test/monitoring is a module of its own outside the workspace (the Prometheus
+# module stays out of the product's go.mod and out of go.work): GOWORK=off.
 .PHONY: test-monitoring
 test-monitoring: promtool ## Test the alerts (promtool test rules) and the dashboard's queries (test/monitoring).
-	cd test/monitoring && PROMTOOL="$(PROMTOOL)" go test -count=1 ./...
+	cd test/monitoring && GOWORK=off PROMTOOL="$(PROMTOOL)" go test -count=1 ./...
 
 # FAULTS_SCALE=full runs the fault suite at the sizes of issue #10 (default: the CI slice).
 FAULTS_FLAGS ?= -count=1 -v -parallel 2 -timeout 30m
