@@ -82,10 +82,13 @@ test-local-cluster: test-deps ## Run the local cluster's tests, the one that sta
 
 ##@ Development
 
+# controller-gen reads the markers of the product module alone (GOWORK=off): its
+# loader refuses the pattern ./... in the workspace ("directory prefix . does
+# not contain modules listed in go.work"), and hack/ and test/ hold no markers.
 .PHONY: manifests
 manifests: controller-gen ## Generate the CRD and RBAC manifests from the Go markers, and the chart's copies of them.
 	@if [ -d api ] && ls api/*/*.go >/dev/null 2>&1; then \
-		"$(CONTROLLER_GEN)" rbac:roleName=manager-role crd webhook paths="./..." output:crd:artifacts:config=config/crd/bases; \
+		GOWORK=off "$(CONTROLLER_GEN)" rbac:roleName=manager-role crd webhook paths="./..." output:crd:artifacts:config=config/crd/bases; \
 	fi
 	@$(MAKE) --no-print-directory helm-sync
 
@@ -97,7 +100,7 @@ diagrams: ## Render docs/*.dot to PNG with Graphviz (apt-get install -y graphviz
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.
 	@if [ -d api ] && ls api/*/*.go >/dev/null 2>&1; then \
-		"$(CONTROLLER_GEN)" object:headerFile="hack/boilerplate.go.txt" paths="./api/..."; \
+		GOWORK=off "$(CONTROLLER_GEN)" object:headerFile="hack/boilerplate.go.txt" paths="./api/..."; \
 	fi
 
 .PHONY: fmt
