@@ -103,9 +103,14 @@ generate: controller-gen ## Generate DeepCopy methods.
 		GOWORK=off "$(CONTROLLER_GEN)" object:headerFile="hack/boilerplate.go.txt" paths="./api/..."; \
 	fi
 
+# fmt runs gofmt on the directories of every module: `go fmt` refuses patterns
+# of the workspace's other modules ("directory prefix hack does not contain
+# main module"), gofmt reads files.
+GO_DIRS := api cmd internal pkg hack test
+
 .PHONY: fmt
-fmt: ## Run go fmt against code.
-	go fmt $(GO_PACKAGES)
+fmt: ## Run gofmt against code (every module).
+	gofmt -l -w $(GO_DIRS)
 
 .PHONY: vet
 vet: ## Run go vet against code.
