@@ -77,8 +77,13 @@ local-cluster-down: ## Stop the local cluster by pid and remove its namespaces, 
 	go run ./hack/localcluster down --state-dir "$(LOCAL_CLUSTER_DIR)"
 
 .PHONY: test-local-cluster
-test-local-cluster: test-deps ## Run the local cluster's tests, the one that starts a cluster included (root).
-	go test -tags localcluster ./test/localcluster/... -count=1 -v -timeout 30m
+test-local-cluster: test-deps ## Run the local cluster's tests, the one that starts a cluster included (root); the real node's is test-kubelet-node.
+	go test -tags localcluster ./test/localcluster/... -skip TestKubeletNode -count=1 -v -timeout 30m
+
+.PHONY: test-kubelet-node
+test-kubelet-node: image-offline ## Run the real node's test: a kubelet on containerd and runc runs the image of image-offline under restricted Pod Security (root).
+	hack/install-test-deps.sh --node
+	IMAGE_ARCHIVE="$(IMAGE_ARCHIVE)" go test -tags localcluster ./test/localcluster/cluster/ -run TestKubeletNode -count=1 -v -timeout 20m
 
 ##@ Development
 

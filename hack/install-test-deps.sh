@@ -31,10 +31,27 @@ pg_bindir() {
 
 have_redis() { command -v redis-server >/dev/null 2>&1 || [[ -x /usr/bin/redis-server ]]; }
 
+# --node: also what the local cluster's real node needs (make test-kubelet-node):
+# containerd with ctr and its runc shim, runc, the CNI plugins, iptables.
+with_node=false
+for arg in "$@"; do
+	case "$arg" in
+	--node) with_node=true ;;
+	*) log "unknown argument: $arg (usage: hack/install-test-deps.sh [--node])"; exit 2 ;;
+	esac
+done
+
 missing=()
 have_redis || missing+=(redis-server)
 pg_bindir >/dev/null || missing+=(postgresql)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2) # the local cluster's network namespaces
+if $with_node; then
+	{ command -v containerd && command -v ctr && command -v containerd-shim-runc-v2; } >/dev/null 2>&1 || missing+=(containerd)
+	command -v runc >/dev/null 2>&1 || missing+=(runc)
+	command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+	[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback && -x /usr/lib/cni/portmap ]] ||
+		missing+=(containernetworking-plugins)
+fi
 
 if ((${#missing[@]} > 0)); then
 	log "missing: ${missing[*]}"

@@ -2,7 +2,11 @@
 # Make a real kube-apiserver + etcd available for controller-runtime's envtest
 # (and, with --with-control-plane, kube-controller-manager + kube-scheduler).
 #
-# Usage: hack/setup-envtest.sh [--with-control-plane]
+# Usage: hack/setup-envtest.sh [--with-control-plane] [--with-node]
+#
+# --with-node adds the node's binaries of the local cluster's real node
+# (kubelet, kube-proxy) and implies --with-control-plane. setup-envtest never
+# ships those; they are always built from the Go modules.
 #
 # Prints exactly one line on stdout: the directory to use as KUBEBUILDER_ASSETS.
 # All progress goes to stderr, so this works:
@@ -25,15 +29,17 @@ log() { printf 'setup-envtest.sh: %s\n' "$*" >&2; }
 die() { printf 'setup-envtest.sh: error: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-	sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
 }
 
 with_control_plane=false
+with_node=false
 for arg in "$@"; do
 	case "$arg" in
 	--with-control-plane) with_control_plane=true ;;
+	--with-node) with_control_plane=true with_node=true ;;
 	-h | --help) usage; exit 0 ;;
-	*) die "unknown argument: $arg (usage: hack/setup-envtest.sh [--with-control-plane])" ;;
+	*) die "unknown argument: $arg (usage: hack/setup-envtest.sh [--with-control-plane] [--with-node])" ;;
 	esac
 done
 
@@ -70,6 +76,9 @@ ENVTEST_DIR="${ENVTEST_DIR:-$ENVTEST_ROOT/k8s/${K8S_VERSION}-${GOOS_}-${GOARCH_}
 k8s_bins=(kube-apiserver)
 if $with_control_plane; then
 	k8s_bins+=(kube-controller-manager kube-scheduler)
+fi
+if $with_node; then
+	k8s_bins+=(kubelet kube-proxy)
 fi
 
 # --- cache checks -----------------------------------------------------------

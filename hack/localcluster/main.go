@@ -94,6 +94,10 @@ func up(args []string) error {
 		"($"+cluster.EnvAssets+"; default: hack/setup-envtest.sh --with-control-plane)")
 	podCIDR := fs.String("pod-cidr", "", "pod address range (default 10.244.0.0/16)")
 	bridge := fs.String("bridge", "", "name of the pod bridge, at most 5 characters (default obx0)")
+	nodeKind := fs.String("node", "", "the kind of node of a new cluster: "+cluster.NodeProcesses+
+		" (pods as host processes, the default) or "+cluster.NodeKubelet+" (a real kubelet on containerd and runc)")
+	var images imageList
+	fs.Var(&images, "image", "an OCI archive (make image-offline) for a "+cluster.NodeKubelet+" node to import; repeatable")
 	_ = fs.Parse(args)
 	repoAbs, err := filepath.Abs(*repo)
 	if err != nil {
@@ -104,6 +108,7 @@ func up(args []string) error {
 	defer cancel()
 	s, err := cluster.Up(ctx, cluster.Options{
 		StateDir: *dir, RepoDir: repoAbs, AssetsDir: *assets, PodCIDR: *podCIDR, Bridge: *bridge, Out: os.Stderr,
+		Node: *nodeKind, Images: images,
 	})
 	if err != nil {
 		if s != nil {
@@ -116,6 +121,12 @@ func up(args []string) error {
 	fmt.Printf("KUBECONFIG=%s\n", s.Kubeconfig())
 	return nil
 }
+
+// imageList is a repeatable flag.
+type imageList []string
+
+func (l *imageList) String() string     { return fmt.Sprint([]string(*l)) }
+func (l *imageList) Set(v string) error { *l = append(*l, v); return nil }
 
 func down(args []string) error {
 	fs := flag.NewFlagSet("down", flag.ExitOnError)

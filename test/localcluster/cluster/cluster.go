@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -24,6 +25,7 @@ import (
 	"time"
 
 	"github.com/outbox-dev/outbox-operator/test/localcluster/controlplane"
+	"github.com/outbox-dev/outbox-operator/test/localcluster/kubelet"
 	"github.com/outbox-dev/outbox-operator/test/localcluster/netns"
 	"github.com/outbox-dev/outbox-operator/test/localcluster/supervise"
 	corev1 "k8s.io/api/core/v1"
@@ -49,6 +51,15 @@ const DefaultStateDir = "/var/lib/outbox-local-cluster"
 // NodeProcess is the name of the node's pid file and log.
 const NodeProcess = "node"
 
+// The kinds of node (Options.Node): the process node runs each pod as host
+// processes (package node, a virtual-kubelet); the kubelet node is a real
+// kubelet on containerd and runc, running the images built from the
+// Dockerfile (package kubelet).
+const (
+	NodeProcesses = "process"
+	NodeKubelet   = "kubelet"
+)
+
 // ProjectImage and SampleImage are the image repositories whose containers
 // the node runs from the binaries of this repo: the operator's image and the
 // sample application's (the Dockerfile's targets operator and sample).
@@ -73,6 +84,11 @@ type State struct {
 	Bridge      string
 	NetnsPrefix string
 	KubeletPort int
+	// Node is the kind of node (NodeProcesses or NodeKubelet; empty is
+	// NodeProcesses), chosen at the first up.
+	Node string `json:",omitempty"`
+	// KubeletHealthzPort is the real kubelet's /healthz on 127.0.0.1.
+	KubeletHealthzPort int `json:",omitempty"`
 	// BinDir holds manager, relay, orders-api, worker and localcluster, built at up.
 	BinDir string
 	// RepoDir is the checkout the binaries were built from.
@@ -87,6 +103,12 @@ type Options struct {
 	// PodCIDR, ServiceCIDR and Bridge default to 10.244.0.0/16, 10.96.0.0/16, obx0.
 	PodCIDR, ServiceCIDR, Bridge string
 	NodeName                     string
+	// Node is the kind of node of a new cluster: NodeProcesses (the default)
+	// or NodeKubelet. A running cluster keeps its kind.
+	Node string
+	// Images are OCI archives (make image-offline) that a kubelet node
+	// imports into containerd.
+	Images []string
 	// SkipBuild reuses the binaries in <state>/bin.
 	SkipBuild bool
 	Out       io.Writer
@@ -143,6 +165,10 @@ func newState(o Options) (*State, error) {
 	s.NetnsPrefix = s.Bridge + "-"
 	s.RepoDir = o.RepoDir
 	s.BinDir = filepath.Join(o.StateDir, "bin")
+	s.Node = cmpOr(o.Node, NodeProcesses)
+	if s.Node != NodeProcesses && s.Node != NodeKubelet {
+		return nil, fmt.Errorf("node kind %q: must be %s or %s", s.Node, NodeProcesses, NodeKubelet)
+	}
 	svcIP, err := nthIP(s.ServiceCIDR, 1)
 	if err != nil {
 		return nil, err
@@ -155,7 +181,7 @@ func newState(o Options) (*State, error) {
 	if s.ServiceAddress, err = lastIP(s.PodCIDR); err != nil {
 		return nil, err
 	}
-	for _, p := range []*int{&s.EtcdPort, &s.EtcdPeerPort, &s.APIServerPort, &s.ControllerManagerPort, &s.SchedulerPort, &s.KubeletPort} {
+	for _, p := range []*int{&s.EtcdPort, &s.EtcdPeerPort, &s.APIServerPort, &s.ControllerManagerPort, &s.SchedulerPort, &s.KubeletPort, &s.KubeletHealthzPort} {
 		if *p, err = controlplane.FreePort(); err != nil {
 			return nil, err
 		}
@@ -231,7 +257,11 @@ func Up(ctx context.Context, o Options) (*State, error) {
 	if o.RepoDir != "" {
 		s.RepoDir = o.RepoDir
 	}
-	if s.AssetsDir, err = assets(ctx, o, s.RepoDir); err != nil {
+	if s.Node == "" { // a state dir of before the kubelet node
+		s.Node = NodeProcesses
+	}
+	realNode := s.Node == NodeKubelet
+	if s.AssetsDir, err = assets(ctx, o, s.RepoDir, realNode); err != nil {
 		return nil, err
 	}
 	if err := s.save(); err != nil {
@@ -246,6 +276,11 @@ func Up(ctx context.Context, o Options) (*State, error) {
 		if err := build(ctx, s.RepoDir, s.BinDir); err != nil {
 			return nil, err
 		}
+		if realNode {
+			if err := buildStatic(ctx, s.RepoDir, s.BinDir, "./test/localcluster/pause"); err != nil {
+				return nil, err
+			}
+		}
 		_, _ = fmt.Fprintf(out, "Built in %s.\n", time.Since(start).Round(100*time.Millisecond))
 	}
 	started, err := controlplane.Start(ctx, s.Config)
@@ -254,6 +289,9 @@ func Up(ctx context.Context, o Options) (*State, error) {
 	}
 	if err != nil {
 		return s, err
+	}
+	if realNode {
+		return s, upKubelet(ctx, s, o.Images, out)
 	}
 	if !nodeAlive {
 		pid, err := supervise.Start(supervise.Spec{
@@ -266,21 +304,64 @@ func Up(ctx context.Context, o Options) (*State, error) {
 		nodePid = pid
 		_, _ = fmt.Fprintf(out, "Started the node %s (pid %d, log: %s).\n", s.NodeName, pid, filepath.Join(s.LogDir(), NodeProcess+".log"))
 	}
-	if err := waitNodeReady(ctx, s, nodePid); err != nil {
+	if err := waitNodeReady(ctx, s, nodePid, NodeProcess); err != nil {
 		return s, err
 	}
 	return s, nil
 }
 
-// assets finds the control plane binaries.
-func assets(ctx context.Context, o Options, repo string) (string, error) {
+// upKubelet starts the real node (containerd, the kubelet) on the pod bridge,
+// imports the images and waits for the Node to be Ready.
+func upKubelet(ctx context.Context, s *State, images []string, out io.Writer) error {
+	if err := netns.EnsureBridge(s.Network()); err != nil {
+		return err
+	}
+	cfg := s.KubeletConfig()
+	started, err := kubelet.Start(ctx, cfg, images)
+	for _, name := range started {
+		_, _ = fmt.Fprintf(out, "Started %s (log: %s).\n", name, filepath.Join(s.LogDir(), name+".log"))
+	}
+	if err != nil {
+		return err
+	}
+	pid, _ := supervise.AliveFromFile(filepath.Join(s.PidDir(), kubelet.Kubelet+".pid"))
+	return waitNodeReady(ctx, s, pid, kubelet.Kubelet)
+}
+
+// KubeletConfig is the shape of the real node (Node == NodeKubelet).
+func (s *State) KubeletConfig() kubelet.Config {
+	return kubelet.Config{
+		StateDir: s.StateDir, AssetsDir: s.AssetsDir, NodeName: s.NodeName, NodeIP: s.Gateway,
+		Bridge: s.Bridge, PodCIDR: s.PodCIDR, ClusterDNS: s.ClusterDNS(),
+		KubeletPort: s.KubeletPort, HealthzPort: s.KubeletHealthzPort,
+		PKIDir: s.PKIDir(), Kubeconfig: s.ComponentKubeconfig(controlplane.KubeconfigKubelet),
+		PidDir: s.PidDir(), LogDir: s.LogDir(), PauseBinary: filepath.Join(s.BinDir, "pause"),
+		CgroupRoot: "/outbox-local-cluster-" + s.Bridge,
+	}
+}
+
+// ClusterDNS is the cluster DNS Service's address: the tenth of the service range.
+func (s *State) ClusterDNS() string {
+	ip, err := nthIP(s.ServiceCIDR, 10)
+	if err != nil {
+		return ""
+	}
+	return ip
+}
+
+// assets finds the control plane binaries (and the node's, withNode).
+func assets(ctx context.Context, o Options, repo string, withNode bool) (string, error) {
 	if o.AssetsDir != "" {
 		return o.AssetsDir, nil
 	}
 	if d := os.Getenv(EnvAssets); d != "" {
 		return d, nil
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(repo, "hack/setup-envtest.sh"), "--with-control-plane")
+	flag := "--with-control-plane"
+	if withNode {
+		flag = "--with-node"
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(repo, "hack/setup-envtest.sh"), flag)
 	cmd.Dir = repo
 	cmd.Stderr = os.Stderr
 	b, err := cmd.Output()
@@ -289,6 +370,20 @@ func assets(ctx context.Context, o Options, repo string) (string, error) {
 	}
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return strings.TrimSpace(lines[len(lines)-1]), nil
+}
+
+// buildStatic compiles one program of this repo without cgo into dir, for an
+// image with nothing else in it.
+func buildStatic(ctx context.Context, repo, dir, pkg string) error {
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", pkg)
+	cmd.Dir = repo
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go build %s: %w\n%s", pkg, err, stderr.String())
+	}
+	return nil
 }
 
 // build compiles every binary of cmd/ and the localcluster command into dir.
@@ -315,7 +410,7 @@ func (s *State) Client() (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(cfg)
 }
 
-func waitNodeReady(ctx context.Context, s *State, pid int) error {
+func waitNodeReady(ctx context.Context, s *State, pid int, process string) error {
 	cs, err := s.Client()
 	if err != nil {
 		return err
@@ -324,7 +419,7 @@ func waitNodeReady(ctx context.Context, s *State, pid int) error {
 	defer cancel()
 	for {
 		if !supervise.Alive(pid, "") {
-			return fmt.Errorf("the node process exited; see %s", filepath.Join(s.LogDir(), NodeProcess+".log"))
+			return fmt.Errorf("the node's %s exited; see %s", process, filepath.Join(s.LogDir(), process+".log"))
 		}
 		n, err := cs.CoreV1().Nodes().Get(ctx, s.NodeName, metav1.GetOptions{})
 		if err == nil {
@@ -345,6 +440,10 @@ func waitNodeReady(ctx context.Context, s *State, pid int) error {
 // Status lists each process of the cluster and whether it runs.
 func Status(s *State) map[string]bool {
 	m := controlplane.Running(s.Config)
+	if s.Node == NodeKubelet {
+		maps.Copy(m, kubelet.Running(s.KubeletConfig()))
+		return m
+	}
 	_, m[NodeProcess] = supervise.AliveFromFile(s.NodePidFile())
 	return m
 }
@@ -353,12 +452,15 @@ func Status(s *State) map[string]bool {
 // the control plane by pid, stops any pod process the node left behind, removes
 // the pod network and, unless keepState, the state dir.
 func Down(s *State, keepState bool) error {
-	errs := []error{
-		supervise.Stop(s.NodePidFile(), 60*time.Second),
-		stopLeftoverPods(s),
-		controlplane.Stop(s.Config),
-		netns.Teardown(s.Network()),
+	var errs []error
+	if s.Node == NodeKubelet {
+		// The kubelet and containerd first: the CNI plugins release the pods'
+		// addresses while the bridge is still there.
+		errs = append(errs, kubelet.Stop(s.KubeletConfig()))
+	} else {
+		errs = append(errs, supervise.Stop(s.NodePidFile(), 60*time.Second), stopLeftoverPods(s))
 	}
+	errs = append(errs, controlplane.Stop(s.Config), netns.Teardown(s.Network()))
 	// Extra processes the demo recorded (its PostgreSQL and Redis), listed after
 	// the stops above, which remove the pid files of what they stopped.
 	extra, _ := filepath.Glob(filepath.Join(s.PidDir(), "*.pid"))

@@ -43,6 +43,9 @@ const (
 	KubeconfigControllerManager = "kube-controller-manager"
 	KubeconfigScheduler         = "kube-scheduler"
 	KubeconfigNode              = "node"
+	// KubeconfigKubelet is the real kubelet's: system:node:<name> in
+	// system:nodes, as the Node authorizer and NodeRestriction expect.
+	KubeconfigKubelet = "kubelet-client"
 )
 
 // systemMasters is the group the API server grants every permission; the
@@ -96,8 +99,11 @@ func (c Config) Certs() []pki.Cert {
 		// list Secrets, ConfigMaps and Services cluster-wide, which the Node
 		// authorizer does not grant (docs/local-cluster.md).
 		{Name: KubeconfigNode, CommonName: "system:node-admin:" + c.NodeName, Organizations: []string{systemMasters}, Client: true},
+		{Name: KubeconfigKubelet, CommonName: "system:node:" + c.NodeName, Organizations: []string{"system:nodes"}, Client: true},
+		// The kubelet API: on 127.0.0.1 for the process node, on the node's
+		// address (the pod network's gateway) for the real kubelet.
 		{Name: "kubelet", CommonName: c.NodeName, Server: true,
-			DNSNames: []string{"localhost", c.NodeName}, IPs: []net.IP{net.ParseIP("127.0.0.1")}},
+			DNSNames: []string{"localhost", c.NodeName}, IPs: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(c.AdvertiseAddress)}},
 	}
 }
 
@@ -122,7 +128,7 @@ func Prepare(c Config) error {
 	if err := writeKubeconfig(c, c.Kubeconfig(), "admin"); err != nil {
 		return err
 	}
-	for _, name := range []string{KubeconfigControllerManager, KubeconfigScheduler, KubeconfigNode} {
+	for _, name := range []string{KubeconfigControllerManager, KubeconfigScheduler, KubeconfigNode, KubeconfigKubelet} {
 		if err := writeKubeconfig(c, c.ComponentKubeconfig(name), name); err != nil {
 			return err
 		}
