@@ -444,4 +444,3 @@ func splitRule(line string) []string {
 	}
 	return words
 }
-
