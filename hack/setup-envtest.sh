@@ -4,8 +4,8 @@
 #
 # Usage: hack/setup-envtest.sh [--with-control-plane] [--with-node]
 #
-# --with-node adds the node's binaries of the local cluster's real node
-# (kubelet, kube-proxy) and implies --with-control-plane. setup-envtest never
+# --with-node adds the kubelet of the local cluster's real node and implies
+# --with-control-plane. setup-envtest never
 # ships those; they are always built from the Go modules.
 #
 # Prints exactly one line on stdout: the directory to use as KUBEBUILDER_ASSETS.
@@ -78,7 +78,7 @@ if $with_control_plane; then
 	k8s_bins+=(kube-controller-manager kube-scheduler)
 fi
 if $with_node; then
-	k8s_bins+=(kubelet kube-proxy)
+	k8s_bins+=(kubelet)
 fi
 
 # --- cache checks -----------------------------------------------------------
