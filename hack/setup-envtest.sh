@@ -5,8 +5,8 @@
 # Usage: hack/setup-envtest.sh [--with-control-plane] [--with-node]
 #
 # --with-node adds the kubelet of the local cluster's real node and implies
-# --with-control-plane. setup-envtest never
-# ships those; they are always built from the Go modules.
+# --with-control-plane. setup-envtest never ships it; it is always built from
+# the Go modules.
 #
 # Prints exactly one line on stdout: the directory to use as KUBEBUILDER_ASSETS.
 # All progress goes to stderr, so this works:
