@@ -170,9 +170,14 @@ bench: build test-deps ## Run the relay benchmark and print its table (writes do
 
 ##@ Build
 
+# CMDS are the binaries make build builds: the operator's (cmd/: manager, relay,
+# kubectl-outbox) and the sample application's (examples/orders/cmd/:
+# orders-api, worker; docs/sample.md).
+CMDS ?= ./cmd/... ./examples/orders/cmd/...
+
 .PHONY: build
-build: fmt vet ## Build every binary of cmd/ into bin/.
-	go build -o $(LOCALBIN)/ ./cmd/...
+build: fmt vet ## Build the operator's binaries (cmd/) and the sample's (examples/orders/cmd/) into bin/.
+	go build -o $(LOCALBIN)/ $(CMDS)
 
 # RUN_ARGS are the manager's flags for `make run` (go run ./cmd/manager --help lists them).
 RUN_ARGS ?= --leader-elect=false --log-format=text
