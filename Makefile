@@ -103,9 +103,12 @@ generate: controller-gen ## Generate DeepCopy methods.
 		GOWORK=off "$(CONTROLLER_GEN)" object:headerFile="hack/boilerplate.go.txt" paths="./api/..."; \
 	fi
 
+# go fmt ignores go.work (it refuses ./hack/... and ./test/... from the top:
+# "directory prefix hack does not contain main module"), so it runs in each
+# module of GO_MODULES, as lint does.
 .PHONY: fmt
-fmt: ## Run go fmt against code.
-	go fmt $(GO_PACKAGES)
+fmt: ## Run go fmt against code (every module of the workspace).
+	for m in $(GO_MODULES); do (cd "$$m" && go fmt ./...) || exit 1; done
 
 .PHONY: vet
 vet: ## Run go vet against code.
