@@ -130,7 +130,8 @@ func TestViolationsNameTheChain(t *testing.T) {
 			),
 			roots: []string{module + "/pkg/outbox"},
 			want: []string{
-				module + "/internal/redact is an operator package outside pkg/ and internalDeps: " + module + "/pkg/outbox -> " + module + "/internal/redact",
+				module + "/internal/redact is an operator package outside pkg/ and internalDeps: " +
+					module + "/pkg/outbox -> " + module + "/internal/redact",
 				"github.com/spf13/cobra is of the module github.com/spf13/cobra, neither pgx nor go-redis nor one they import: " +
 					module + "/pkg/outbox -> github.com/spf13/cobra",
 			},
