@@ -1,12 +1,15 @@
 # syntax=docker/dockerfile:1
 #
-# Two images from one build stage:
+# Two images, each from a build stage of its own:
 #
 # - the operator's (the last stage, the default target): the manager, its
 #   entrypoint, and the relay (/relay), which the operator runs its relays
-#   from unless told otherwise;
+#   from unless told otherwise; built from cmd/ (stage builder);
 # - the sample application's (--target sample): orders-api, its entrypoint,
-#   and the worker (/worker), as config/samples runs them (docs/sample.md).
+#   and the worker (/worker), as config/samples runs them (docs/sample.md);
+#   built from examples/orders/cmd/ (stage sample-builder, which adds
+#   examples/ to the builder's sources), so that the sample never changes
+#   the operator's build.
 #
 #   make docker-build IMG=... SAMPLE_IMG=...        # this machine's platform
 #   make docker-buildx IMG=... PLATFORMS=linux/amd64,linux/arm64
@@ -40,8 +43,9 @@ COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod \
     go mod download
 
-# Every directory the binaries are built from (.dockerignore keeps the rest
-# out of the context; test/packaging checks that this list is complete).
+# Every directory the operator's binaries are built from (.dockerignore keeps
+# the rest out of the context; test/packaging checks that this list is
+# complete).
 COPY api/ api/
 COPY cmd/ cmd/
 COPY internal/ internal/
@@ -51,7 +55,22 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
     go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/ \
-    ./cmd/manager ./cmd/relay ./cmd/orders-api ./cmd/worker
+    ./cmd/manager ./cmd/relay
+
+# The sample application: its package and binaries (examples/orders), on the
+# operator's internal/ and pkg/ packages above.
+FROM builder AS sample-builder
+# A stage's ARGs end with it: this one declares them again.
+ARG TARGETOS
+ARG TARGETARCH
+ARG VERSION=dev
+COPY examples/ examples/
+
+RUN --mount=type=cache,target=/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
+    go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/ \
+    ./examples/orders/cmd/orders-api ./examples/orders/cmd/worker
 
 # distroless static: no shell, no package manager, CA certificates and tzdata
 # included; runs as the non-root user 65532.
@@ -60,7 +79,7 @@ LABEL org.opencontainers.image.source="https://github.com/outbox-dev/outbox-oper
       org.opencontainers.image.description="The sample application of outbox-operator: an orders API and an idempotent worker" \
       org.opencontainers.image.licenses="Apache-2.0"
 WORKDIR /
-COPY --from=builder /out/orders-api /out/worker /
+COPY --from=sample-builder /out/orders-api /out/worker /
 USER 65532:65532
 
 ENTRYPOINT ["/orders-api"]

@@ -111,7 +111,7 @@ generate: controller-gen ## Generate DeepCopy methods.
 # fmt runs gofmt on the directories of every module: `go fmt` refuses patterns
 # of the workspace's other modules ("directory prefix hack does not contain
 # main module"), gofmt reads files.
-GO_DIRS := api cmd internal pkg hack test
+GO_DIRS := api cmd internal pkg examples hack test
 
 .PHONY: fmt
 fmt: ## Run gofmt against code (every module).
@@ -180,9 +180,14 @@ bench: build test-deps ## Run the relay benchmark and print its table (writes do
 
 ##@ Build
 
+# CMDS are the binaries make build builds: the operator's (cmd/: manager, relay,
+# kubectl-outbox) and the sample application's (examples/orders/cmd/:
+# orders-api, worker; docs/sample.md).
+CMDS ?= ./cmd/... ./examples/orders/cmd/...
+
 .PHONY: build
-build: fmt vet ## Build every binary of cmd/ into bin/.
-	go build -o $(LOCALBIN)/ ./cmd/...
+build: fmt vet ## Build the operator's binaries (cmd/) and the sample's (examples/orders/cmd/) into bin/.
+	go build -o $(LOCALBIN)/ $(CMDS)
 
 # RUN_ARGS are the manager's flags for `make run` (go run ./cmd/manager --help lists them).
 RUN_ARGS ?= --leader-elect=false --log-format=text

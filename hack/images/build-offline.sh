@@ -204,8 +204,9 @@ base_image "${OFFLINE_RUNTIME_IMAGE}" \
 # did not change). What `make docker-build CONTAINER_TOOL=buildah` runs, with
 # the local bases and --pull=never: nothing is looked up in a registry. buildah
 # 1.28 sets no TARGETOS/TARGETARCH; they are the host's (the builder's Go, on
-# the host's platform). The second build reuses the first one's build stage
-# from buildah's layer cache.
+# the host's platform). The sample's build (its stage sample-builder starts
+# from the operator's stage builder and adds examples/) reuses the first
+# build's layers from buildah's layer cache.
 build_image() {
 	local target="$1" name="$2" archive="$3" image_id
 	log "building ${name} (target ${target}) from ${repo_root}/Dockerfile"

@@ -2,8 +2,6 @@ package contract_test
 
 import (
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -52,20 +50,4 @@ func (s schema) at(t *testing.T, name string) schema {
 	p, ok := s.Properties[name]
 	require.True(t, ok, "no property %s", name)
 	return p
-}
-
-// TestPublicPackagesDoNotPullKubernetes: an application that imports
-// pkg/outbox or pkg/consumer gets PostgreSQL and Redis clients, not the
-// operator's Kubernetes dependencies.
-func TestPublicPackagesDoNotPullKubernetes(t *testing.T) {
-	t.Parallel()
-	for _, pkg := range []string{"../outbox", "../consumer", "."} {
-		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		for _, dep := range strings.Fields(string(out)) {
-			for _, banned := range []string{"k8s.io/", "sigs.k8s.io/", "github.com/prometheus/", "github.com/onsi/"} {
-				require.False(t, strings.HasPrefix(dep, banned), "%s imports %s", pkg, dep)
-			}
-		}
-	}
 }

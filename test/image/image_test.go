@@ -75,7 +75,8 @@ type imageSpec struct {
 }
 
 // images are the two images make image-offline builds; every command of cmd/
-// but the kubectl plugin (a client) is in one of them.
+// (the operator's) and of examples/orders/cmd/ (the sample's) but the kubectl
+// plugin (a client) is in one of them.
 var images = []imageSpec{
 	{
 		target: "operator", imgEnv: "IMG", img: "ghcr.io/outbox-dev/outbox-operator:dev",
@@ -324,10 +325,11 @@ func runtimeSpec(rootfs, probe string, uid, gid int, env []string, cwd string, a
 	}
 }
 
-// commands are the directories of cmd/.
-func commands(t testing.TB) []string { return testenv.Commands(t, repoRoot) }
+// commands are the binaries of the operator (cmd/) and of the sample
+// (examples/orders/cmd/), one per directory.
+func commands(t testing.TB) []string { return testenv.CommandNames(testenv.Commands(t, repoRoot)) }
 
-// Every command of cmd/ but the kubectl plugin is in exactly one image.
+// Every command but the kubectl plugin is in exactly one image.
 func TestImagesHoldEveryCommand(t *testing.T) {
 	var inImages []string
 	for _, spec := range images {

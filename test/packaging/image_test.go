@@ -25,17 +25,18 @@ func goTool(t testing.TB) string {
 	return path
 }
 
-// commands are the directories of cmd/: one binary each in the image.
-func commands(t testing.TB) []string { return testenv.Commands(t, repoRoot) }
+// commands are the binaries of the operator (cmd/) and of the sample
+// application (examples/orders/cmd/): one per directory, each in its image.
+func commands(t testing.TB) []testenv.Command { return testenv.Commands(t, repoRoot) }
 
-// The image's binaries build for both platforms it ships for, static
+// The images' binaries build for both platforms they ship for, static
 // (CGO_ENABLED=0), as the Dockerfile builds them.
 func TestBinariesBuildForLinux(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("cross-compiling every binary twice takes minutes; not with -short")
 	}
-	want := commands(t)
+	want := testenv.CommandNames(commands(t))
 	goCmd := goTool(t)
 	for arch, machine := range map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64} {
 		t.Run(arch, func(t *testing.T) {
@@ -43,13 +44,14 @@ func TestBinariesBuildForLinux(t *testing.T) {
 			out := t.TempDir()
 			ctx, cancel := buildContext(t)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, goCmd, "build", "-trimpath", "-ldflags=-s -w -X main.version=test",
-				"-o", out+string(filepath.Separator), "./cmd/...")
+			args := append([]string{"build", "-trimpath", "-ldflags=-s -w -X main.version=test",
+				"-o", out + string(filepath.Separator)}, testenv.CommandPatterns()...)
+			cmd := exec.CommandContext(ctx, goCmd, args...)
 			cmd.Dir = repoRoot
 			// GOFLAGS off: a -race from the caller would need cgo.
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch, "GOFLAGS=")
 			output, err := cmd.CombinedOutput()
-			require.NoError(t, err, "GOARCH=%s go build ./cmd/...:\n%s", arch, output)
+			require.NoError(t, err, "GOARCH=%s go build %s:\n%s", arch, strings.Join(testenv.CommandPatterns(), " "), output)
 
 			entries, err := os.ReadDir(out)
 			require.NoError(t, err)
@@ -57,7 +59,7 @@ func TestBinariesBuildForLinux(t *testing.T) {
 			for _, e := range entries {
 				got = append(got, e.Name())
 			}
-			require.ElementsMatch(t, want, got, "one binary per directory of cmd/")
+			require.ElementsMatch(t, want, got, "one binary per directory of %v", testenv.CommandDirs)
 			for _, name := range got {
 				f, err := elf.Open(filepath.Join(out, name))
 				require.NoError(t, err, name)
@@ -83,38 +85,28 @@ func buildContext(t *testing.T) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(context.Background(), deadline)
 }
 
-// dockerfileCopies returns the directories the Dockerfile's build stage
-// copies from the context (COPY <dir>/ <dir>/).
-func dockerfileCopies(t testing.TB) (copies []string, lines []string) {
+// dockerfileLines returns the Dockerfile's lines, trimmed.
+func dockerfileLines(t testing.TB) (lines []string) {
 	t.Helper()
 	f, err := os.Open(filepath.Join(repoRoot, "Dockerfile"))
 	require.NoError(t, err)
 	defer func() { require.NoError(t, f.Close()) }()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		lines = append(lines, line)
-		fields := strings.Fields(line)
-		if len(fields) == 3 && fields[0] == "COPY" && strings.HasSuffix(fields[1], "/") {
-			copies = append(copies, strings.TrimSuffix(fields[1], "/"))
-		}
+		lines = append(lines, strings.TrimSpace(sc.Text()))
 	}
 	require.NoError(t, sc.Err())
-	return copies, lines
+	return lines
 }
 
-// The image build copies every directory the binaries are built from, and
-// .dockerignore lets each into the context: a new top-level package breaks
-// here, not in a Docker build that this machine cannot run.
-func TestDockerfileCopiesEverySourceDir(t *testing.T) {
-	t.Parallel()
-	copies, lines := dockerfileCopies(t)
-	out, err := run(context.Background(), nil, goTool(t), "list", "-deps",
-		"-f", "{{if .Module}}{{if .Module.Main}}{{.Dir}}|{{join .EmbedFiles \",\"}}{{end}}{{end}}", "./cmd/...")
+// sourceDirs are the top-level directories of the module that the packages
+// pkgs are built from. It fails the test when one of them embeds a file that
+// .dockerignore leaves out.
+func sourceDirs(t *testing.T, pkgs ...string) []string {
+	t.Helper()
+	out, err := run(context.Background(), nil, goTool(t), append([]string{"list", "-deps",
+		"-f", "{{if .Module}}{{if .Module.Main}}{{.Dir}}|{{join .EmbedFiles \",\"}}{{end}}{{end}}"}, pkgs...)...)
 	require.NoError(t, err)
-	ignore, err := os.ReadFile(filepath.Join(repoRoot, ".dockerignore"))
-	require.NoError(t, err)
-
 	var dirs []string
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		if line == "" {
@@ -130,57 +122,89 @@ func TestDockerfileCopiesEverySourceDir(t *testing.T) {
 		}
 	}
 	slices.Sort(dirs)
-	dirs = slices.Compact(dirs)
-	for _, d := range dirs {
-		require.Contains(t, copies, d, "the Dockerfile does not COPY %s/, which the binaries are built from", d)
-		require.Contains(t, strings.Split(string(ignore), "\n"), "!"+d+"/**",
-			".dockerignore keeps %s/ out of the build context", d)
-	}
+	return slices.Compact(dirs)
+}
+
+// Each image's build stage copies every directory its binaries are built
+// from, and .dockerignore lets each into the context: a new top-level
+// package breaks here, not in a Docker build that this machine cannot run.
+// The operator's build copies nothing else, the sample (examples/) least of
+// all.
+func TestDockerfileCopiesEverySourceDir(t *testing.T) {
+	t.Parallel()
+	lines := dockerfileLines(t)
+	ignore, err := os.ReadFile(filepath.Join(repoRoot, ".dockerignore"))
+	require.NoError(t, err)
 
 	// The base images are build arguments (make image-offline substitutes
 	// local ones); their defaults are the golang and distroless images.
 	require.Contains(t, lines, "ARG BUILDER_IMAGE=golang:${GO_VERSION}")
 	require.Contains(t, lines, "FROM --platform=$BUILDPLATFORM ${BUILDER_IMAGE} AS builder")
 	require.Contains(t, lines, "ARG RUNTIME_IMAGE=gcr.io/distroless/static:nonroot")
-	build := strings.Join(lines, " ")
-	require.Contains(t, build, "CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH}")
 
-	// Two images from the one build, each a non-root distroless image with
-	// its binaries at / (/relay is what the controller runs): the operator's
-	// is the last stage, so a plain build makes it.
+	// Two images, each a non-root distroless image with its binaries at /
+	// (/relay is what the controller runs), each built in a stage of its
+	// own: the sample's on top of the operator's sources. The operator's is
+	// the last stage, so a plain build makes it.
 	stages := dockerfileStages(lines)
-	require.Equal(t, []string{"builder", "sample", "operator"}, stageNames(stages))
+	require.Equal(t, []string{"builder", "sample-builder", "sample", "operator"}, stageNames(stages))
+	dirOf := map[string]string{}
+	for _, c := range commands(t) {
+		dirOf[c.Name] = c.Dir
+	}
+	var inImages []string
 	for _, want := range []struct {
-		stage, entrypoint string
-		binaries          []string
+		stage, builder, entrypoint string
+		binaries                   []string
 	}{
-		{stage: "operator", entrypoint: "/manager", binaries: []string{"manager", "relay"}},
-		{stage: "sample", entrypoint: "/orders-api", binaries: []string{"orders-api", "worker"}},
+		{stage: "operator", builder: "builder", entrypoint: "/manager", binaries: []string{"manager", "relay"}},
+		{stage: "sample", builder: "sample-builder", entrypoint: "/orders-api", binaries: []string{"orders-api", "worker"}},
 	} {
-		st := stages[slices.IndexFunc(stages, func(s stage) bool { return s.name == want.stage })]
+		st := stageNamed(t, stages, want.stage)
 		require.Equal(t, "FROM ${RUNTIME_IMAGE} AS "+want.stage, st.lines[0])
 		require.Contains(t, st.lines, "USER 65532:65532", want.stage)
 		require.Contains(t, st.lines, `ENTRYPOINT ["`+want.entrypoint+`"]`, want.stage)
-		var from []string
+
+		builder := stageNamed(t, stages, want.builder)
+		build := strings.Join(builder.lines, " ")
+		require.Contains(t, build, "CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH}", want.builder)
+		var from, pkgs []string
 		for _, b := range want.binaries {
+			require.Contains(t, dirOf, b, "no directory of %v builds %s", testenv.CommandDirs, b)
 			from = append(from, "/out/"+b)
-			require.Contains(t, build, "./cmd/"+b, "the build stage does not build cmd/%s", b)
+			pkgs = append(pkgs, "./"+dirOf[b])
+			require.Contains(t, build, "./"+dirOf[b], "the stage %s does not build %s", want.builder, dirOf[b])
 		}
-		require.Contains(t, st.lines, "COPY --from=builder "+strings.Join(from, " ")+" /", want.stage)
+		require.Contains(t, st.lines, "COPY --from="+want.builder+" "+strings.Join(from, " ")+" /", want.stage)
+		inImages = append(inImages, want.binaries...)
+
+		copied := stageCopies(t, stages, want.builder)
+		dirs := sourceDirs(t, pkgs...)
+		for _, d := range dirs {
+			require.Contains(t, copied, d, "the stage %s does not COPY %s/, which %v are built from", want.builder, d, want.binaries)
+			require.Contains(t, strings.Split(string(ignore), "\n"), "!"+d+"/**",
+				".dockerignore keeps %s/ out of the build context", d)
+		}
+		if want.stage == "operator" {
+			require.ElementsMatch(t, dirs, copied, "the operator's build copies only what its binaries are built from")
+		}
 	}
 	// Every command but the kubectl plugin (a client, installed with krew)
 	// is in one of the two images.
+	var want []string
 	for _, c := range commands(t) {
-		if c != "kubectl-outbox" {
-			require.Contains(t, build, "./cmd/"+c+" ", "cmd/%s is in neither image", c)
+		if c.Name != "kubectl-outbox" {
+			want = append(want, c.Name)
 		}
 	}
+	require.ElementsMatch(t, want, inImages, "every command of %v but kubectl-outbox is in one image", testenv.CommandDirs)
 }
 
-// stage is one FROM of the Dockerfile and the lines up to the next.
+// stage is one FROM of the Dockerfile and the lines up to the next: base is
+// the image or the stage it starts from.
 type stage struct {
-	name  string
-	lines []string
+	name, base string
+	lines      []string
 }
 
 func dockerfileStages(lines []string) []stage {
@@ -188,13 +212,38 @@ func dockerfileStages(lines []string) []stage {
 	for _, l := range lines {
 		if strings.HasPrefix(l, "FROM ") {
 			f := strings.Fields(l)
-			stages = append(stages, stage{name: f[len(f)-1]})
+			stages = append(stages, stage{name: f[len(f)-1], base: f[len(f)-3]})
 		}
 		if len(stages) > 0 && l != "" && !strings.HasPrefix(l, "#") {
 			stages[len(stages)-1].lines = append(stages[len(stages)-1].lines, l)
 		}
 	}
 	return stages
+}
+
+func stageNamed(t *testing.T, stages []stage, name string) stage {
+	t.Helper()
+	i := slices.IndexFunc(stages, func(s stage) bool { return s.name == name })
+	require.GreaterOrEqual(t, i, 0, "the Dockerfile has no stage %s", name)
+	return stages[i]
+}
+
+// stageCopies are the directories the stage name and the stages it starts
+// from copy from the build context (COPY <dir>/ <dir>/).
+func stageCopies(t *testing.T, stages []stage, name string) []string {
+	t.Helper()
+	var copies []string
+	for st := stageNamed(t, stages, name); ; st = stageNamed(t, stages, st.base) {
+		for _, l := range st.lines {
+			f := strings.Fields(l)
+			if len(f) == 3 && f[0] == "COPY" && strings.HasSuffix(f[1], "/") && f[1] == f[2] {
+				copies = append(copies, strings.TrimSuffix(f[1], "/"))
+			}
+		}
+		if !slices.ContainsFunc(stages, func(s stage) bool { return s.name == st.base }) {
+			return copies
+		}
+	}
 }
 
 func stageNames(stages []stage) []string {
@@ -209,7 +258,7 @@ func stageNames(stages []stage) []string {
 // GOTOOLCHAIN=local, so an older one fails to build the module.
 func TestDockerfileGoVersion(t *testing.T) {
 	t.Parallel()
-	_, lines := dockerfileCopies(t)
+	lines := dockerfileLines(t)
 	gomod, err := os.ReadFile(filepath.Join(repoRoot, "go.mod"))
 	require.NoError(t, err)
 	var goVersion string

@@ -386,13 +386,18 @@ func buildStatic(ctx context.Context, repo, dir, pkg string) error {
 	return nil
 }
 
-// build compiles every binary of cmd/ and the localcluster command into dir.
+// buildPackages are what build compiles: every binary of cmd/ (the
+// operator's), of examples/orders/cmd/ (the sample application's, which the
+// node runs for the sample's image) and the localcluster command.
+var buildPackages = []string{"./cmd/...", "./examples/orders/cmd/...", "./hack/localcluster"}
+
+// build compiles buildPackages into dir.
 func build(ctx context.Context, repo, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", "./cmd/...", "./hack/localcluster")
+	cmd := exec.CommandContext(ctx, "go", append([]string{"build", "-o", dir + "/"}, buildPackages...)...)
 	cmd.Dir = repo
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Run(); err != nil {

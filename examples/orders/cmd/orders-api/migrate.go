@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/outbox-dev/outbox-operator/internal/orders"
+	"github.com/outbox-dev/outbox-operator/examples/orders"
 )
 
 func newMigrateCommand(getenv func(string) string, o *options) *cobra.Command {

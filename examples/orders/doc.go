@@ -1,6 +1,13 @@
 // Package orders is the sample application of the transactional outbox: an
-// HTTP API that creates orders (cmd/orders-api) and the side effect a worker
-// runs for each new order (cmd/worker).
+// HTTP API that creates orders (its command examples/orders/cmd/orders-api)
+// and the side effect a worker runs for each new order
+// (examples/orders/cmd/worker).
+//
+// The sample lives beside the operator, not in it: its binaries are in an
+// image of their own (the Dockerfile's target sample), and it uses the
+// operator's public packages as any application would, plus a few internal
+// helpers of the module it belongs to (logging, the transaction helper, the
+// outbox table's DDL).
 //
 // Creating an order writes the order row and its order_created outbox row
 // (package pkg/outbox) in one PostgreSQL transaction, so both exist or

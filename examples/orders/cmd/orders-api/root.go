@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-dev/outbox-operator/examples/orders"
 	"github.com/outbox-dev/outbox-operator/internal/logging"
-	"github.com/outbox-dev/outbox-operator/internal/orders"
 	ioutbox "github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 

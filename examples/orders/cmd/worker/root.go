@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-dev/outbox-operator/examples/orders"
 	"github.com/outbox-dev/outbox-operator/internal/logging"
-	"github.com/outbox-dev/outbox-operator/internal/orders"
 	ioutbox "github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/pkg/consumer"
 )
