@@ -86,8 +86,7 @@ func run(args []string) error {
 		Recorder:                mgr.GetEventRecorder("outbox-operator"),
 		RelayImage:              opts.relayImage,
 		Pools:                   opts.pools,
-		BacklogTimeout:          opts.backlogTimeout,
-		MaxConcurrentChecks:     opts.maxConcurrentChecks,
+		Checks:                  opts.checks,
 		Metrics:                 relayMetrics,
 		MaxConcurrentReconciles: opts.maxConcurrentReconciles,
 	}

@@ -227,6 +227,7 @@ func TestChartManagerDeployment(t *testing.T) {
 		require.Equal(t, []string{"--metrics-secure=true"}, argsWithPrefix(c, "--metrics-secure"))
 		require.Empty(t, argsWithPrefix(c, "--metrics-cert-dir"), "a self-signed certificate by default")
 		require.Empty(t, argsWithPrefix(c, "--enable-http2"), "HTTP/2 off by default")
+		require.Empty(t, argsWithPrefix(c, "--backlog-max-concurrent-dials"), "the manager's default: half of the connections")
 		require.Equal(t, "outbox-operator", d.Spec.Template.Spec.ServiceAccountName)
 		require.Equal(t, int32(1), *d.Spec.Replicas)
 
@@ -262,6 +263,7 @@ func TestChartManagerDeployment(t *testing.T) {
 		require.Equal(t, []string{"--log-level=debug"}, argsWithPrefix(c, "--log-level"))
 		require.Equal(t, []string{"--metrics-bind-address=:9090"}, argsWithPrefix(c, "--metrics-bind-address"))
 		require.Equal(t, []string{"--backlog-check-timeout=15s"}, argsWithPrefix(c, "--backlog-check-timeout"))
+		require.Equal(t, []string{"--backlog-max-concurrent-dials=8"}, argsWithPrefix(c, "--backlog-max-concurrent-dials"))
 		require.Equal(t, "200MiB", env(c, "GOMEMLIMIT"))
 		require.Equal(t, int32(2), *d.Spec.Replicas)
 		require.Equal(t, corev1.PullAlways, c.ImagePullPolicy)
