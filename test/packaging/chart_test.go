@@ -195,6 +195,23 @@ func env(c corev1.Container, name string) string {
 	return ""
 }
 
+// envFrom returns the source of the container's env var name (nil when
+// unset or a plain value).
+func envFrom(c corev1.Container, name string) *corev1.EnvVarSource {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.ValueFrom
+		}
+	}
+	return nil
+}
+
+// memoryLimitFromContainer is how the manifests pass the manager its
+// container's memory limit, for its soft memory limit.
+var memoryLimitFromContainer = &corev1.EnvVarSource{
+	ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "manager", Resource: "limits.memory"},
+}
+
 // argsWithPrefix returns the container args that start with prefix.
 func argsWithPrefix(c corev1.Container, prefix string) []string {
 	var out []string
@@ -218,6 +235,7 @@ func TestChartManagerDeployment(t *testing.T) {
 		image := "ghcr.io/outbox-dev/outbox-operator:" + chart.AppVersion
 		require.Equal(t, image, c.Image)
 		require.Equal(t, image, env(c, "OPERATOR_IMAGE"), "relays default to the operator's own image")
+		require.Equal(t, memoryLimitFromContainer, envFrom(c, "CONTAINER_MEMORY_LIMIT"), "the soft memory limit follows the container's")
 		require.Empty(t, argsWithPrefix(c, "--relay-image"))
 		require.Empty(t, argsWithPrefix(c, "--watch-namespaces"))
 		require.Equal(t, []string{"/manager"}, c.Command)
