@@ -302,8 +302,10 @@ func (st *relayState) requeueAfter(checkTimeout time.Duration) time.Duration {
 	if st.backlog != nil {
 		if st.backlog.InFlight {
 			// The Prober triggers a reconcile when the check ends; this is
-			// only a safety net.
-			consider(checkTimeout + time.Second)
+			// only a safety net, no sooner than the check interval: a check
+			// may wait in the Prober's queue longer than it runs, and a
+			// reconcile meanwhile would only observe it waiting.
+			consider(max(checkTimeout+time.Second, st.relay.Spec.Backlog.GetCheckInterval()))
 		} else {
 			consider(st.backlog.NextCheckIn)
 		}
