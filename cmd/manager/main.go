@@ -28,6 +28,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/debug"
 
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -64,6 +65,13 @@ func run(args []string) error {
 	ctrl.SetLogger(logger)
 	klog.SetLogger(logger)
 	log := logger.WithName("setup")
+	memLimit, err := softMemoryLimit(os.Getenv, os.DirFS("/"))
+	if err != nil {
+		log.Error(err, "Found no usable memory limit; running without a soft memory limit")
+	}
+	if memLimit.Bytes > 0 {
+		debug.SetMemoryLimit(memLimit.Bytes)
+	}
 
 	cfg, err := restConfig(opts)
 	if err != nil {
@@ -86,8 +94,7 @@ func run(args []string) error {
 		Recorder:                mgr.GetEventRecorder("outbox-operator"),
 		RelayImage:              opts.relayImage,
 		Pools:                   opts.pools,
-		BacklogTimeout:          opts.backlogTimeout,
-		MaxConcurrentChecks:     opts.maxConcurrentChecks,
+		Checks:                  opts.checks,
 		Metrics:                 relayMetrics,
 		MaxConcurrentReconciles: opts.maxConcurrentReconciles,
 	}
@@ -106,7 +113,8 @@ func run(args []string) error {
 
 	log.Info("Starting manager", "version", version, "relayImage", opts.relayImage,
 		"watchNamespaces", opts.watchNamespaces, "leaderElection", opts.leaderElect,
-		"maxConcurrentReconciles", opts.maxConcurrentReconciles)
+		"maxConcurrentReconciles", opts.maxConcurrentReconciles,
+		"memoryLimit", memoryLimitString(debug.SetMemoryLimit(-1)), "memoryLimitSource", memLimit.Source)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running the manager: %w", err)
 	}

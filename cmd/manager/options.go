@@ -43,8 +43,7 @@ type options struct {
 	relayImage              string
 	watchNamespaces         []string
 	maxConcurrentReconciles int
-	backlogTimeout          time.Duration
-	maxConcurrentChecks     int
+	checks                  backlog.Config
 	pools                   backlog.PoolMeasurerConfig
 	logLevel                string
 	logFormat               string
@@ -82,15 +81,25 @@ func parseFlags(args []string, getenv func(string) string) (options, error) {
 		"Comma-separated namespaces to reconcile OutboxRelays in; empty means all.")
 	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", 8,
 		"Number of OutboxRelays reconciled at the same time.")
-	fs.DurationVar(&o.backlogTimeout, "backlog-check-timeout", 10*time.Second,
-		"Deadline of one backlog check, connecting included.")
+	fs.DurationVar(&o.checks.Timeout, "backlog-check-timeout", 10*time.Second,
+		"Deadline of the queries of one backlog check, from when it holds a check slot; connecting has its own deadline.")
+	fs.DurationVar(&o.checks.ConnectTimeout, "backlog-connect-timeout", 5*time.Second,
+		"Deadline of getting the PostgreSQL connection of a backlog check (a free connection slot, dialling, TLS, login).")
+	fs.DurationVar(&o.checks.FirstConnectTimeout, "backlog-first-connect-timeout", time.Second,
+		"Deadline of the connection of a backlog check until one to that database has been made, doubling with each "+
+			"check that could not connect, up to --backlog-connect-timeout: a database that never answers holds a dial "+
+			"slot this long, not the full timeout.")
 	var maxConns int
 	fs.IntVar(&maxConns, "backlog-max-conns", 2,
 		"Most connections of one backlog pool (one pool per namespace and DSN).")
 	fs.DurationVar(&o.pools.StatementTimeout, "backlog-statement-timeout", 5*time.Second,
 		"PostgreSQL statement_timeout of the backlog query.")
-	fs.IntVar(&o.maxConcurrentChecks, "backlog-max-concurrent-checks", 16,
-		"Most backlog checks that run at once, across every OutboxRelay; a due check waits for a slot.")
+	fs.IntVar(&o.checks.MaxConcurrentChecks, "backlog-max-concurrent-checks", 16,
+		"Most backlog checks that run their queries at once, across every OutboxRelay; a check takes a slot once it has a connection.")
+	fs.IntVar(&o.checks.MaxConcurrentDials, "backlog-max-concurrent-dials", 0,
+		"Most backlog checks that get a PostgreSQL connection at once (so the dials in flight), across every OutboxRelay; "+
+			"a due check is queued for one, and holds it until it has a connection and a check slot. "+
+			"0: half of --backlog-max-open-conns.")
 	fs.IntVar(&o.pools.MaxOpenConns, "backlog-max-open-conns", 64,
 		"Most PostgreSQL connections the backlog checks hold open at once, across every pool; idle ones are closed to make room.")
 	fs.Int64Var(&o.pools.CountLimit, "backlog-count-limit", 1_000_000,
@@ -109,17 +118,42 @@ func parseFlags(args []string, getenv func(string) string) (options, error) {
 	if o.maxConcurrentReconciles < 1 {
 		return options{}, errors.New("--max-concurrent-reconciles must be at least 1")
 	}
-	if o.backlogTimeout <= 0 {
-		return options{}, errors.New("--backlog-check-timeout must be positive")
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{
+		{"--backlog-check-timeout", o.checks.Timeout},
+		{"--backlog-connect-timeout", o.checks.ConnectTimeout},
+		{"--backlog-first-connect-timeout", o.checks.FirstConnectTimeout},
+	} {
+		if d.value <= 0 {
+			return options{}, fmt.Errorf("%s must be positive", d.name)
+		}
+	}
+	if o.checks.FirstConnectTimeout > o.checks.ConnectTimeout {
+		return options{}, errors.New("--backlog-first-connect-timeout must not exceed --backlog-connect-timeout")
 	}
 	if maxConns < 1 {
 		return options{}, errors.New("--backlog-max-conns must be at least 1")
 	}
-	if o.maxConcurrentChecks < 1 {
+	if o.checks.MaxConcurrentChecks < 1 {
 		return options{}, errors.New("--backlog-max-concurrent-checks must be at least 1")
+	}
+	if o.checks.MaxConcurrentDials < 0 {
+		return options{}, errors.New("--backlog-max-concurrent-dials must not be negative")
 	}
 	if o.pools.MaxOpenConns < 1 {
 		return options{}, errors.New("--backlog-max-open-conns must be at least 1")
+	}
+	if o.checks.MaxConcurrentDials == 0 {
+		// The other half is for the connections the checks measure over
+		// and the idle ones kept for the next checks.
+		o.checks.MaxConcurrentDials = max(1, o.pools.MaxOpenConns/2)
+	}
+	if o.checks.MaxConcurrentDials > o.pools.MaxOpenConns {
+		// More would wait for a connection slot within their connect
+		// timeout, and fail for the operator's own bound.
+		return options{}, errors.New("--backlog-max-concurrent-dials must not exceed --backlog-max-open-conns")
 	}
 	if o.pools.CountLimit < 1 {
 		return options{}, errors.New("--backlog-count-limit must be at least 1")

@@ -31,7 +31,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 	require.Equal(t, "ghcr.io/outbox-dev/outbox-operator:"+version, o.relayImage)
 	require.Empty(t, o.watchNamespaces)
 	require.Equal(t, 8, o.maxConcurrentReconciles)
-	require.Equal(t, 10*time.Second, o.backlogTimeout)
+	require.Equal(t, 10*time.Second, o.checks.Timeout)
 	require.Equal(t, int32(2), o.pools.MaxConns)
 	require.Equal(t, 5*time.Second, o.pools.StatementTimeout)
 }
@@ -62,7 +62,7 @@ func TestParseFlags(t *testing.T) {
 	require.True(t, o.leaderElect)
 	require.Equal(t, []string{"shop", "billing"}, o.watchNamespaces)
 	require.Equal(t, 8, o.maxConcurrentReconciles)
-	require.Equal(t, 3*time.Second, o.backlogTimeout)
+	require.Equal(t, 3*time.Second, o.checks.Timeout)
 	require.Equal(t, int32(4), o.pools.MaxConns)
 	require.Equal(t, "0", o.metricsAddr)
 	require.Equal(t, "text", o.logFormat)

@@ -4,12 +4,16 @@
 // that a database that hangs never holds up the reconciles of other
 // OutboxRelays.
 //
-// A [Prober] runs at most one check per relay at a time, each in its own
-// goroutine under a deadline, keeps the latest result per relay, and calls
-// back when a check finishes (the controller turns that into a reconcile).
-// The connections belong to a [Measurer]; the real one, [PoolMeasurer], keeps
-// one small pgx pool per namespace and DSN, shared by the relays that use it,
-// and closes a pool when the last relay using it is deleted or points at
+// A [Prober] runs at most one check per relay at a time, keeps the latest
+// result per relay, and calls back when a check finishes (the controller
+// turns that into a reconcile). A due check waits in a queue, not a
+// goroutine, for a dial slot; it gets a connection under a connect deadline
+// (shorter until the target has been connected to), then runs its queries
+// under a check slot and a deadline; relays whose last check failed get a
+// quarter of each kind of slot. The connections belong to a [Measurer]; the
+// real one, [PoolMeasurer], keeps a few pgx connections per namespace and
+// DSN, shared by the relays that use it, under a bound across every DSN,
+// and closes them when the last relay using them is deleted or points at
 // another DSN. Tests swap the Measurer for a fake that hangs or fails.
 //
 // Errors are turned into a [Failure]: a cause the controller maps to a

@@ -111,6 +111,8 @@ func describe(err error, timeout string) string {
 		return fmt.Sprintf("PostgreSQL refused %s: %s (SQLSTATE %s)", what, pgErr.Message, pgErr.Code)
 	case errors.Is(err, errNoConnSlot):
 		return "the operator's bound on open backlog connections (--backlog-max-open-conns) was reached until the deadline; the check is retried"
+	case errors.Is(err, errPoolBusy):
+		return "every backlog connection to this database (--backlog-max-conns) stayed in use until the deadline; the check is retried"
 	case errors.Is(err, errConnect), errors.As(err, &connErr), errors.As(err, &dnsErr), errors.As(err, &opErr):
 		// Whatever kept the connection from being made: see
 		// unreachableMessage.

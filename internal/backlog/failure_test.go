@@ -36,6 +36,11 @@ func TestClassify(t *testing.T) {
 			"the DSN is not a valid PostgreSQL connection string (a postgres:// URL or key=value pairs)"},
 		{"OtherErrorsAreRedacted", errors.New("driver said " + dsn), CauseUnreachable, "driver said xxxxx"},
 		{"KnownFailurePassesThrough", &Failure{Cause: CauseInvalidDSN, Message: "m"}, CauseInvalidDSN, "m"},
+		{"NoConnectionSlot", fmt.Errorf("connecting: %w: %w", errNoConnSlot, context.DeadlineExceeded), CauseUnreachable,
+			"the operator's bound on open backlog connections (--backlog-max-open-conns) was reached until the deadline; the check is retried"},
+		{"PoolBusy", fmt.Errorf("connecting: %w: %w", errPoolBusy, context.DeadlineExceeded), CauseUnreachable,
+			"every backlog connection to this database (--backlog-max-conns) stayed in use until the deadline; the check is retried"},
+		{"ConnectTimeoutSaysUnreachable", fmt.Errorf("%w: %w", errConnect, context.DeadlineExceeded), CauseUnreachable, unreachableMessage},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,13 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
@@ -41,16 +38,27 @@ func (t Target) fingerprint() string {
 	return hex.EncodeToString(sum[:]) + t.Redis.fingerprint()
 }
 
-// Measurer measures the backlog of one relay's target. It is the seam of the
-// Prober: tests pass a fake that hangs or fails.
+// Measurer makes the connections of the checks and measures over them. It
+// is the seam of the Prober: tests pass a fake that hangs or fails.
 type Measurer interface {
-	// Measure returns the backlog of target for the relay key. It must
-	// return when ctx is done.
-	Measure(ctx context.Context, key types.NamespacedName, target Target) (outbox.Backlog, error)
+	// Connect returns a connection for a check of target by the relay key,
+	// made within timeout: one kept idle from an earlier check, or a new
+	// one. It must return when ctx is done.
+	Connect(ctx context.Context, key types.NamespacedName, target Target, timeout time.Duration) (Conn, error)
 	// Release drops what the measurer holds for key (its share of a pool).
 	Release(key types.NamespacedName)
 	// Close releases everything.
 	Close()
+}
+
+// Conn is the connection of one check.
+type Conn interface {
+	// Measure returns the backlog of the target the connection was made
+	// for. It must return when ctx is done.
+	Measure(ctx context.Context) (outbox.Backlog, error)
+	// Release ends the check's use of the connection, once Measure has
+	// returned: the measurer keeps it for a later check, or closes it.
+	Release()
 }
 
 // PoolMeasurerConfig configures a PoolMeasurer. Zero fields take the
@@ -58,8 +66,6 @@ type Measurer interface {
 type PoolMeasurerConfig struct {
 	// MaxConns bounds the connections of one pool (default 2).
 	MaxConns int32
-	// ConnectTimeout bounds establishing a connection (default 5s).
-	ConnectTimeout time.Duration
 	// StatementTimeout is the session's statement_timeout (default 5s).
 	StatementTimeout time.Duration
 	// LockTimeout is the session's lock_timeout (default 2s).
@@ -71,9 +77,10 @@ type PoolMeasurerConfig struct {
 	MaxConnIdleTime time.Duration
 	// ApplicationName shows in pg_stat_activity (default outbox-operator).
 	ApplicationName string
-	// MaxOpenConns bounds the connections open at once across every pool
-	// (default 64). A connection waits for a free slot within its connect
-	// timeout; while it waits, idle connections of every pool are closed.
+	// MaxOpenConns bounds the connections open at once, those being made
+	// included, across every pool (default 64). When none is free, the
+	// connection idle the longest, of any pool, is closed to make room;
+	// when none is idle, Connect waits for one within its timeout.
 	MaxOpenConns int
 	// CountLimit stops counting pending rows there (default 1,000,000): a
 	// larger backlog is reported as CountLimit with Backlog.Capped, so a
@@ -82,6 +89,8 @@ type PoolMeasurerConfig struct {
 	// AllowFileKeys honours the DSN keys that read files of the operator's
 	// pod (FileKeys); off, a DSN that sets one is refused (ParseDSN).
 	AllowFileKeys bool
+	// Now is the clock of the idle times (default time.Now).
+	Now func() time.Time
 }
 
 func (c PoolMeasurerConfig) withDefaults() PoolMeasurerConfig {
@@ -93,7 +102,6 @@ func (c PoolMeasurerConfig) withDefaults() PoolMeasurerConfig {
 	if c.MaxConns <= 0 {
 		c.MaxConns = 2
 	}
-	def(&c.ConnectTimeout, 5*time.Second)
 	def(&c.StatementTimeout, 5*time.Second)
 	def(&c.LockTimeout, 2*time.Second)
 	def(&c.IdleInTransactionTimeout, 10*time.Second)
@@ -107,28 +115,29 @@ func (c PoolMeasurerConfig) withDefaults() PoolMeasurerConfig {
 	if c.CountLimit <= 0 {
 		c.CountLimit = 1_000_000
 	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	return c
 }
 
-// PoolMeasurer measures with pgx pools: one per namespace and DSN, shared by
-// the relays of that namespace that use the DSN, so that a thousand relays on
-// one database hold a handful of connections, not a thousand. A pool is
-// created on first use and closed when no relay holds it any more.
+// PoolMeasurer measures over pgx connections, pooled per namespace and DSN:
+// a pool is shared by the relays of that namespace that use the DSN, so
+// that a thousand relays on one database hold a handful of connections, not
+// a thousand. A pool is no goroutine and no connection of its own, only an
+// account of its connections (at most MaxConns) and the relays that hold
+// it; every connection counts against MaxOpenConns from its dial until it
+// is closed, and an idle one is closed after MaxConnIdleTime, or to make
+// room for another pool's. A dial runs in the goroutine of the check that
+// needs it, within that check's connect timeout: none outlives its check.
 type PoolMeasurer struct {
-	cfg PoolMeasurerConfig
+	cfg  PoolMeasurerConfig
+	base *pgx.ConnConfig // ParseConfig("") once: the DSN's checked settings replace its Config
 
 	mu    sync.Mutex
-	pools map[string]*sharedPool          // by poolKey
+	pools map[string]*pool                // by poolKey
 	holds map[types.NamespacedName]string // relay -> poolKey
-
-	// slots holds one token per open connection, across every pool.
-	slots   chan struct{}
-	waiting atomic.Int64
-}
-
-type sharedPool struct {
-	pool *pgxpool.Pool
-	refs int
+	conns connSet
 }
 
 var _ Measurer = (*PoolMeasurer)(nil)
@@ -136,12 +145,27 @@ var _ Measurer = (*PoolMeasurer)(nil)
 // NewPoolMeasurer returns a PoolMeasurer; it connects lazily.
 func NewPoolMeasurer(cfg PoolMeasurerConfig) *PoolMeasurer {
 	cfg = cfg.withDefaults()
+	base, err := pgx.ParseConfig("")
+	if err != nil {
+		// ParseConfig("") fails only on a malformed PG* environment
+		// variable of the operator's own process; each dial says so.
+		base = nil
+	}
 	return &PoolMeasurer{
 		cfg:   cfg,
-		pools: map[string]*sharedPool{},
+		base:  base,
+		pools: map[string]*pool{},
 		holds: map[types.NamespacedName]string{},
-		slots: make(chan struct{}, cfg.MaxOpenConns),
+		conns: newConnSet(cfg.MaxOpenConns),
 	}
+}
+
+// pool is the account of one namespace and DSN.
+type pool struct {
+	// refs counts the relays holding the pool.
+	refs int
+	// open counts its connections, idle, in use or being made.
+	open int
 }
 
 // poolKey scopes pools by namespace: relays of different namespaces never
@@ -151,138 +175,331 @@ func poolKey(namespace, dsn string) string {
 	return namespace + "/" + hex.EncodeToString(sum[:])
 }
 
-// Measure implements Measurer.
-func (m *PoolMeasurer) Measure(ctx context.Context, key types.NamespacedName, target Target) (outbox.Backlog, error) {
-	pool, err := m.acquire(key, target.DSN)
+// Connect implements Measurer: an idle connection of the relay's pool
+// (pinged first when idle more than a second), else a new one when the
+// pool and MaxOpenConns have room (closing another pool's idle connection
+// for it if need be), else it waits for one until timeout.
+func (m *PoolMeasurer) Connect(ctx context.Context, key types.NamespacedName, target Target, timeout time.Duration) (Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	pk := poolKey(key.Namespace, target.DSN)
+	// The relay no longer wants its previous pool, whether or not this
+	// DSN can be used.
+	m.releaseOther(key, pk)
+	cfg, err := m.connConfig(target.DSN)
 	if err != nil {
-		return outbox.Backlog{}, err
+		return nil, err
 	}
-	// pgconn turns a dial that ran out of time into a plain timeout: the
-	// dial marks the wait for a slot here instead.
-	slotWait := new(atomic.Bool)
-	ctx = context.WithValue(ctx, slotWaitKey{}, slotWait)
-	conn, err := pool.Acquire(ctx)
-	switch {
-	case err != nil && slotWait.Load():
-		return outbox.Backlog{}, fmt.Errorf("connecting: %w", errNoConnSlot)
-	case err != nil:
-		// Whether refused, silent or misnamed, it is one thing to the
-		// tenant: errConnect (failure.go).
-		return outbox.Backlog{}, fmt.Errorf("%w: %w", errConnect, err)
-	}
-	defer conn.Release()
-	b, err := target.Table.BacklogUpTo(ctx, conn, m.cfg.CountLimit)
-	if err != nil {
-		return outbox.Backlog{}, fmt.Errorf("measuring backlog of %s: %w", target.Table, err)
-	}
-	if target.Stream != "" {
-		resets, err := target.Table.PendingStreamResets(ctx, conn, target.Stream)
-		if err != nil {
-			return outbox.Backlog{}, err
-		}
-		b.StreamResets = &resets
-	}
-	return b, nil
-}
-
-// acquire returns the pool for the relay's DSN, moving the relay's hold from
-// its previous pool (closed when that was the last hold) to this one.
-func (m *PoolMeasurer) acquire(key types.NamespacedName, dsn string) (*pgxpool.Pool, error) {
-	pk := poolKey(key.Namespace, dsn)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if held, ok := m.holds[key]; ok && held == pk {
-		return m.pools[pk].pool, nil
-	}
-	// The relay no longer wants its previous pool, whether or not the new
-	// one can be made.
-	m.releaseLocked(key)
-	sp, ok := m.pools[pk]
-	if !ok {
-		pool, err := m.newPool(dsn)
-		if err != nil {
+	m.hold(key, pk)
+	for {
+		pg, dial, wait, err := m.reserve(pk)
+		switch {
+		case err != nil:
 			return nil, err
+		case pg != nil:
+			if m.cfg.Now().Sub(pg.since) > time.Second {
+				if err := pg.conn.Ping(ctx); err != nil {
+					m.discard(pk, pg.conn)
+					continue
+				}
+			}
+			return &poolConn{m: m, pool: pk, conn: pg.conn, table: target.Table, stream: target.Stream}, nil
+		case dial:
+			conn, err := pgx.ConnectConfig(ctx, cfg)
+			m.dialDone(pk, err == nil)
+			if err != nil {
+				// Whether refused, silent or misnamed, it is one thing to
+				// the tenant: errConnect (failure.go).
+				return nil, fmt.Errorf("%w: %w", errConnect, err)
+			}
+			return &poolConn{m: m, pool: pk, conn: conn, table: target.Table, stream: target.Stream}, nil
 		}
-		sp = &sharedPool{pool: pool}
-		m.pools[pk] = sp
+		select {
+		case <-wait:
+			m.mu.Lock()
+			m.conns.waitEnd()
+			m.mu.Unlock()
+		case <-ctx.Done():
+			return nil, m.waitFailed(pk, ctx.Err())
+		}
 	}
-	sp.refs++
-	m.holds[key] = pk
-	return sp.pool, nil
 }
 
-func (m *PoolMeasurer) newPool(dsn string) (*pgxpool.Pool, error) {
+// connConfig is the connection config of a DSN, its keys checked.
+func (m *PoolMeasurer) connConfig(dsn string) (*pgx.ConnConfig, error) {
 	connCfg, err := ParseDSN(dsn, m.cfg.AllowFileKeys)
 	if err != nil {
 		return nil, fmt.Errorf("parsing DSN: %w", err)
 	}
-	// A pool config around the checked connection config: parsing the DSN
-	// again would honour every key.
-	cfg, err := pgxpool.ParseConfig("")
-	if err != nil {
-		return nil, fmt.Errorf("parsing DSN: %w", err)
+	if m.base == nil {
+		// See NewPoolMeasurer.
+		_, err := pgx.ParseConfig("")
+		return nil, fmt.Errorf("parsing DSN: the operator's PG* environment: %w", err)
 	}
-	cfg.ConnConfig.Config = *connCfg
-	cfg.ConnConfig.DialFunc = m.limitDial(connCfg.DialFunc)
-	cfg.MaxConns = m.cfg.MaxConns
-	cfg.MinConns = 0
-	cfg.MaxConnIdleTime = m.cfg.MaxConnIdleTime
-	cfg.ConnConfig.ConnectTimeout = m.cfg.ConnectTimeout
+	// A config around the checked one: parsing the DSN again would honour
+	// every key.
+	cfg := m.base.Copy()
+	cfg.Config = *connCfg
 	outbox.SessionSettings{
 		StatementTimeout:         m.cfg.StatementTimeout,
 		LockTimeout:              m.cfg.LockTimeout,
 		IdleInTransactionTimeout: m.cfg.IdleInTransactionTimeout,
 		ApplicationName:          m.cfg.ApplicationName,
-	}.Apply(&cfg.ConnConfig.Config)
-	// NewWithConfig does not connect (MinConns is 0), so it cannot hang.
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		return nil, fmt.Errorf("creating connection pool: %w", err)
+	}.Apply(&cfg.Config)
+	// The context's deadline (the check's connect timeout) bounds the
+	// connection, over every host the DSN names.
+	cfg.ConnectTimeout = 0
+	return cfg, nil
+}
+
+// reserve finds the relay's connection under the lock: an idle one of pool
+// pk, or room to dial one (dial), or a channel closed when a connection is
+// given back (wait). A connection of another pool closed to make room is
+// closed here, outside the lock.
+func (m *PoolMeasurer) reserve(pk string) (idle *idleConn, dial bool, wait <-chan struct{}, err error) {
+	m.mu.Lock()
+	if m.conns.closed {
+		m.mu.Unlock()
+		return nil, false, nil, errMeasurerClosed
 	}
-	return pool, nil
+	p := m.poolLocked(pk)
+	if idle = m.conns.takeIdle(pk); idle != nil {
+		m.mu.Unlock()
+		return idle, false, nil, nil
+	}
+	var evicted *idleConn
+	if p.open < int(m.cfg.MaxConns) {
+		if m.conns.full() {
+			evicted = m.conns.evict()
+			if evicted != nil {
+				m.closedLocked(evicted.pool)
+			}
+		}
+		if !m.conns.full() {
+			p.open++
+			m.conns.startDial()
+			dial = true
+		}
+	}
+	if !dial {
+		wait = m.conns.waitStart()
+	}
+	m.mu.Unlock()
+	evicted.close()
+	return nil, dial, wait, nil
+}
+
+// dialDone accounts for a dial that ended, and for its connection if it
+// failed.
+func (m *PoolMeasurer) dialDone(pk string, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.conns.endDial()
+	if !ok {
+		m.closedLocked(pk)
+	}
+}
+
+// waitFailed ends a wait for a connection that ran out of time: because
+// the pool's connections were all in use, or every connection slot.
+func (m *PoolMeasurer) waitFailed(pk string, err error) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.conns.waitEnd()
+	if p := m.pools[pk]; p != nil && p.open >= int(m.cfg.MaxConns) {
+		return fmt.Errorf("connecting: %w: %w", errPoolBusy, err)
+	}
+	return fmt.Errorf("connecting: %w: %w", errNoConnSlot, err)
+}
+
+// discard closes a connection taken from the idle ones that turned out
+// dead.
+func (m *PoolMeasurer) discard(pk string, conn *pgx.Conn) {
+	m.mu.Lock()
+	m.closedLocked(pk)
+	m.mu.Unlock()
+	closeConn(conn)
+}
+
+// giveBack takes back the connection of a finished check: idle, for the
+// next check of its pool, when the check succeeded and the pool is still
+// held; closed otherwise.
+func (m *PoolMeasurer) giveBack(pk string, conn *pgx.Conn, ok bool) {
+	m.mu.Lock()
+	p := m.pools[pk]
+	keep := ok && !conn.IsClosed() && !m.conns.closed && p != nil && p.refs > 0
+	var expired []*idleConn
+	if keep {
+		expired = m.conns.putIdle(&idleConn{conn: conn, pool: pk, since: m.cfg.Now()}, m.cfg.MaxConnIdleTime, m.closeExpired)
+		for _, ic := range expired {
+			m.closedLocked(ic.pool)
+		}
+	} else {
+		m.closedLocked(pk)
+	}
+	m.mu.Unlock()
+	if !keep {
+		closeConn(conn)
+	}
+	for _, ic := range expired {
+		ic.close()
+	}
+}
+
+// closeExpired closes the connections idle longer than MaxConnIdleTime.
+func (m *PoolMeasurer) closeExpired() {
+	m.mu.Lock()
+	expired := m.conns.expire(m.cfg.Now(), m.cfg.MaxConnIdleTime, m.closeExpired)
+	for _, ic := range expired {
+		m.closedLocked(ic.pool)
+	}
+	m.mu.Unlock()
+	for _, ic := range expired {
+		ic.close()
+	}
+}
+
+// poolLocked returns pool pk, made when missing.
+func (m *PoolMeasurer) poolLocked(pk string) *pool {
+	p, ok := m.pools[pk]
+	if !ok {
+		p = &pool{}
+		m.pools[pk] = p
+	}
+	return p
+}
+
+// closedLocked accounts for a connection of pool pk that is closed (or
+// whose dial failed), dropping the pool when nothing is left of it.
+func (m *PoolMeasurer) closedLocked(pk string) {
+	m.conns.closedOne()
+	if p := m.pools[pk]; p != nil {
+		p.open--
+		m.dropIfUnusedLocked(pk, p)
+	}
+}
+
+func (m *PoolMeasurer) dropIfUnusedLocked(pk string, p *pool) {
+	if p.refs <= 0 && p.open <= 0 {
+		delete(m.pools, pk)
+	}
+}
+
+// hold makes the relay a holder of pool pk.
+func (m *PoolMeasurer) hold(key types.NamespacedName, pk string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.holds[key] == pk {
+		return
+	}
+	m.poolLocked(pk).refs++
+	m.holds[key] = pk
+}
+
+// releaseOther drops the relay's hold on a pool other than pk.
+func (m *PoolMeasurer) releaseOther(key types.NamespacedName, pk string) {
+	m.mu.Lock()
+	held, ok := m.holds[key]
+	var idle []*idleConn
+	if ok && held != pk {
+		idle = m.releaseLocked(key)
+	}
+	m.mu.Unlock()
+	for _, ic := range idle {
+		ic.close()
+	}
 }
 
 // Release implements Measurer.
 func (m *PoolMeasurer) Release(key types.NamespacedName) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.releaseLocked(key)
+	idle := m.releaseLocked(key)
+	m.mu.Unlock()
+	for _, ic := range idle {
+		ic.close()
+	}
 }
 
-func (m *PoolMeasurer) releaseLocked(key types.NamespacedName) {
+// releaseLocked drops the relay's hold; when it was the pool's last, it
+// returns the pool's idle connections to close (those in use are closed
+// when given back).
+func (m *PoolMeasurer) releaseLocked(key types.NamespacedName) []*idleConn {
 	pk, ok := m.holds[key]
 	if !ok {
-		return
+		return nil
 	}
 	delete(m.holds, key)
-	sp := m.pools[pk]
-	sp.refs--
-	if sp.refs > 0 {
-		return
+	p := m.pools[pk]
+	p.refs--
+	if p.refs > 0 {
+		return nil
 	}
-	delete(m.pools, pk)
-	// Close waits for connections in use to be returned; the checks using
-	// them end at their deadline, so close in the background.
-	go sp.pool.Close()
+	idle := m.conns.takeAllIdle(pk)
+	for range idle {
+		m.closedLocked(pk)
+	}
+	m.dropIfUnusedLocked(pk, p)
+	return idle
 }
 
-// Close implements Measurer.
+// Close implements Measurer: it closes the idle connections, and those in
+// use when they are given back.
 func (m *PoolMeasurer) Close() {
 	m.mu.Lock()
-	pools := m.pools
-	m.pools = map[string]*sharedPool{}
+	idle := m.conns.close()
+	for _, ic := range idle {
+		m.closedLocked(ic.pool)
+	}
 	m.holds = map[types.NamespacedName]string{}
+	for pk, p := range m.pools {
+		p.refs = 0
+		m.dropIfUnusedLocked(pk, p)
+	}
 	m.mu.Unlock()
-	for _, sp := range pools {
-		sp.pool.Close()
+	for _, ic := range idle {
+		ic.close()
 	}
 }
 
-// Pools returns the number of open pools, for tests and metrics.
+// Pools returns the number of pools, for tests and metrics.
 func (m *PoolMeasurer) Pools() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.pools)
+}
+
+// poolConn is a connection of a pool, lent to one check.
+type poolConn struct {
+	m      *PoolMeasurer
+	pool   string
+	conn   *pgx.Conn
+	table  *outbox.Table
+	stream string
+
+	ok   bool
+	once sync.Once
+}
+
+// Measure implements Conn.
+func (c *poolConn) Measure(ctx context.Context) (outbox.Backlog, error) {
+	b, err := c.table.BacklogUpTo(ctx, c.conn, c.m.cfg.CountLimit)
+	if err != nil {
+		return outbox.Backlog{}, fmt.Errorf("measuring backlog of %s: %w", c.table, err)
+	}
+	if c.stream != "" {
+		resets, err := c.table.PendingStreamResets(ctx, c.conn, c.stream)
+		if err != nil {
+			return outbox.Backlog{}, err
+		}
+		b.StreamResets = &resets
+	}
+	c.ok = true
+	return b, nil
+}
+
+// Release implements Conn.
+func (c *poolConn) Release() {
+	c.once.Do(func() { c.m.giveBack(c.pool, c.conn, c.ok) })
 }
 
 // errConnect: no connection could be made (refused, silent, a name not
@@ -292,86 +509,24 @@ var errConnect = errors.New("connecting to PostgreSQL")
 // errNoConnSlot: every slot of MaxOpenConns stayed taken until the deadline.
 var errNoConnSlot = errors.New("no free backlog connection slot")
 
-// limitDial wraps a dial function so that every connection holds one of the
-// MaxOpenConns slots from the dial until it is closed.
-func (m *PoolMeasurer) limitDial(next pgconn.DialFunc) pgconn.DialFunc {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if err := m.takeSlot(ctx); err != nil {
-			return nil, err
-		}
-		conn, err := next(ctx, network, addr)
-		if err != nil {
-			<-m.slots
-			return nil, err
-		}
-		return &slotConn{Conn: conn, release: func() { <-m.slots }}, nil
-	}
-}
+// errPoolBusy: every connection of the relay's pool (MaxConns) stayed in
+// use until the deadline.
+var errPoolBusy = errors.New("every connection of the backlog pool in use")
 
-// takeSlot takes a slot, closing idle connections of every pool when none
-// is free, then waiting for one until ctx is done.
-func (m *PoolMeasurer) takeSlot(ctx context.Context) error {
-	select {
-	case m.slots <- struct{}{}:
-		return nil
-	default:
-	}
-	m.waiting.Add(1)
-	defer m.waiting.Add(-1)
-	m.closeIdle(ctx)
-	select {
-	case m.slots <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		if w, ok := ctx.Value(slotWaitKey{}).(*atomic.Bool); ok {
-			w.Store(true)
-		}
-		return fmt.Errorf("%w: %w", errNoConnSlot, ctx.Err())
-	}
-}
-
-// slotWaitKey is the context key of the flag a dial sets when it gave up
-// waiting for a slot.
-type slotWaitKey struct{}
-
-// closeIdle closes the idle connections of every pool, freeing their slots.
-func (m *PoolMeasurer) closeIdle(ctx context.Context) {
-	m.mu.Lock()
-	pools := make([]*pgxpool.Pool, 0, len(m.pools))
-	for _, sp := range m.pools {
-		pools = append(pools, sp.pool)
-	}
-	m.mu.Unlock()
-	for _, p := range pools {
-		for _, c := range p.AcquireAllIdle(ctx) {
-			conn := c.Hijack()
-			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			_ = conn.Close(closeCtx)
-			cancel()
-		}
-	}
-}
-
-// slotConn gives its slot back when closed, once.
-type slotConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *slotConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
-}
+// errMeasurerClosed: the measurer was closed (the manager stops).
+var errMeasurerClosed = errors.New("the backlog measurer is closed")
 
 // ConnStats are the connections of a PoolMeasurer, for metrics.
 type ConnStats struct {
-	// Open is the number of connections open now, across every pool.
+	// Open is the number of connections open now (being made included),
+	// across every pool.
 	Open int
 	// Max is MaxOpenConns.
 	Max int
-	// Waiting is the number of dials waiting for a free slot.
+	// Dialing is the number of connections being made now.
+	Dialing int
+	// Waiting is the number of checks waiting for a connection: every
+	// slot taken and none idle, or every connection of their pool in use.
 	Waiting int
 	// Pools is the number of pools.
 	Pools int
@@ -379,5 +534,9 @@ type ConnStats struct {
 
 // ConnStats returns the current connection figures.
 func (m *PoolMeasurer) ConnStats() ConnStats {
-	return ConnStats{Open: len(m.slots), Max: cap(m.slots), Waiting: int(m.waiting.Load()), Pools: m.Pools()}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return ConnStats{
+		Open: m.conns.open, Max: m.conns.max, Dialing: m.conns.dialing, Waiting: m.conns.waiting, Pools: len(m.pools),
+	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
@@ -30,6 +31,51 @@ func setupTable(t *testing.T) (string, *pgx.Conn) {
 	return dsn, conn
 }
 
+// measure runs a check's two stages on m: Connect, Measure, Release.
+func measure(ctx context.Context, m *PoolMeasurer, k types.NamespacedName, tgt Target) (outbox.Backlog, error) {
+	return measureWithin(ctx, m, k, tgt, 5*time.Second)
+}
+
+// measureWithin is measure with another connect timeout.
+func measureWithin(
+	ctx context.Context, m *PoolMeasurer, k types.NamespacedName, tgt Target, timeout time.Duration,
+) (outbox.Backlog, error) {
+	c, err := m.Connect(ctx, k, tgt, timeout)
+	if err != nil {
+		return outbox.Backlog{}, err
+	}
+	defer c.Release()
+	return c.Measure(ctx)
+}
+
+// silentListener accepts connections on loopback and never answers (a
+// database behind a blackhole); it returns its address.
+func silentListener(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	t.Cleanup(func() {
+		_ = l.Close()
+		<-done
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return l.Addr().String()
+}
+
 func TestPoolMeasurerMeasuresBacklog(t *testing.T) {
 	t.Parallel()
 	dsn, conn := setupTable(t)
@@ -43,7 +89,7 @@ func TestPoolMeasurerMeasuresBacklog(t *testing.T) {
 
 	m := NewPoolMeasurer(PoolMeasurerConfig{})
 	t.Cleanup(m.Close)
-	b, err := m.Measure(ctx, key("a"), target(dsn))
+	b, err := measure(ctx, m, key("a"), target(dsn))
 	require.NoError(t, err)
 	require.Equal(t, int64(7), b.Count)
 	require.NotNil(t, b.Oldest)
@@ -66,7 +112,7 @@ func TestPoolMeasurerCountsParkedRowsApart(t *testing.T) {
 
 	m := NewPoolMeasurer(PoolMeasurerConfig{})
 	t.Cleanup(m.Close)
-	b, err := m.Measure(ctx, key("a"), target(dsn))
+	b, err := measure(ctx, m, key("a"), target(dsn))
 	require.NoError(t, err)
 	require.Equal(t, int64(1), b.Count, "parked rows are not backlog")
 	require.Equal(t, int64(3), b.DeadLetters)
@@ -75,7 +121,7 @@ func TestPoolMeasurerCountsParkedRowsApart(t *testing.T) {
 	// nothing is parked, and the check still succeeds.
 	_, err = conn.Exec(ctx, `DROP TABLE `+pgx.Identifier{table.DeadLetterTableName()}.Sanitize())
 	require.NoError(t, err)
-	b, err = m.Measure(ctx, key("a"), target(dsn))
+	b, err = measure(ctx, m, key("a"), target(dsn))
 	require.NoError(t, err)
 	require.Equal(t, int64(1), b.Count)
 	require.Zero(t, b.DeadLetters)
@@ -89,19 +135,19 @@ func TestPoolMeasurerSharesPoolsPerNamespaceAndDSN(t *testing.T) {
 	t.Cleanup(m.Close)
 
 	for _, k := range []string{"a", "b", "c"} {
-		_, err := m.Measure(ctx, key(k), target(dsn))
+		_, err := measure(ctx, m, key(k), target(dsn))
 		require.NoError(t, err)
 	}
 	require.Equal(t, 1, m.Pools(), "relays of one namespace on one DSN share a pool")
 
 	other := key("a")
 	other.Namespace = "other"
-	_, err := m.Measure(ctx, other, target(dsn))
+	_, err := measure(ctx, m, other, target(dsn))
 	require.NoError(t, err)
 	require.Equal(t, 2, m.Pools(), "namespaces never share a pool")
 
 	// A relay whose DSN changes moves to another pool.
-	_, err = m.Measure(ctx, key("c"), target(dsn+"&application_name=x"))
+	_, err = measure(ctx, m, key("c"), target(dsn+"&application_name=x"))
 	require.NoError(t, err)
 	require.Equal(t, 3, m.Pools())
 
@@ -124,13 +170,13 @@ func TestPoolMeasurerFailures(t *testing.T) {
 	closedPort := l.Addr().(*net.TCPAddr).Port
 	require.NoError(t, l.Close())
 
-	m := NewPoolMeasurer(PoolMeasurerConfig{LockTimeout: 300 * time.Millisecond, ConnectTimeout: 2 * time.Second})
+	m := NewPoolMeasurer(PoolMeasurerConfig{LockTimeout: 300 * time.Millisecond})
 	t.Cleanup(m.Close)
 	const secret = "Canary-Pa55word"
 
 	t.Run("Unreachable", func(t *testing.T) {
 		unreachable := fmt.Sprintf("postgres://alice:%s@127.0.0.1:%d/db?sslmode=disable", secret, closedPort)
-		_, err := m.Measure(ctx, key("unreachable"), target(unreachable))
+		_, err := measure(ctx, m, key("unreachable"), target(unreachable))
 		require.Error(t, err)
 		f := classify(err, "10s", unreachable, secret)
 		require.Equal(t, CauseUnreachable, f.Cause)
@@ -140,14 +186,14 @@ func TestPoolMeasurerFailures(t *testing.T) {
 	})
 	t.Run("TableNotFound", func(t *testing.T) {
 		tgt := Target{DSN: dsn, Table: outbox.MustNew("missing_table", outbox.Columns{})}
-		_, err := m.Measure(ctx, key("missing"), tgt)
+		_, err := measure(ctx, m, key("missing"), tgt)
 		f := classify(err, "10s")
 		require.Equal(t, CauseTableNotFound, f.Cause, err)
 		require.Contains(t, f.Message, `relation "missing_table" does not exist`)
 	})
 	t.Run("ColumnNotFound", func(t *testing.T) {
 		tgt := Target{DSN: dsn, Table: outbox.MustNew("", outbox.Columns{DispatchedAt: "sent_at"})}
-		_, err := m.Measure(ctx, key("column"), tgt)
+		_, err := measure(ctx, m, key("column"), tgt)
 		f := classify(err, "10s")
 		require.Equal(t, CauseColumnNotFound, f.Cause, err)
 	})
@@ -159,7 +205,7 @@ func TestPoolMeasurerFailures(t *testing.T) {
 		require.NoError(t, err)
 
 		start := time.Now()
-		_, err = m.Measure(ctx, key("locked"), target(dsn))
+		_, err = measure(ctx, m, key("locked"), target(dsn))
 		require.Error(t, err)
 		require.Less(t, time.Since(start), 5*time.Second, "lock_timeout bounds the wait")
 		f := classify(err, "10s")
@@ -172,31 +218,145 @@ func TestPoolMeasurerBoundsOpenConnections(t *testing.T) {
 	t.Parallel()
 	dsn, _ := setupTable(t)
 	ctx := context.Background()
-	m := NewPoolMeasurer(PoolMeasurerConfig{MaxOpenConns: 1, ConnectTimeout: 500 * time.Millisecond})
+	m := NewPoolMeasurer(PoolMeasurerConfig{MaxOpenConns: 1})
 	t.Cleanup(m.Close)
 
 	// Three DSNs, three pools, one connection at a time: each measurement
 	// closes the idle connection of another pool to take its slot.
 	for i, name := range []string{"a", "b", "c", "a"} {
-		_, err := m.Measure(ctx, key(name), target(fmt.Sprintf("%s&application_name=%s", dsn, name)))
+		_, err := measure(ctx, m, key(name), target(fmt.Sprintf("%s&application_name=%s", dsn, name)))
 		require.NoError(t, err, "measurement %d", i)
 		require.LessOrEqual(t, m.ConnStats().Open, 1)
 	}
 	require.Equal(t, 3, m.ConnStats().Pools)
 
-	// A connection in use is not taken away: the next dial waits for the
+	// A connection in use is not taken away: the next one waits for the
 	// slot until its deadline, and says so.
-	pool, err := m.acquire(key("a"), dsn+"&application_name=a")
+	inUse, err := m.Connect(ctx, key("a"), target(dsn+"&application_name=a"), time.Second)
 	require.NoError(t, err)
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	_, err = m.Measure(ctx, key("b"), target(dsn+"&application_name=b"))
-	conn.Release()
+	_, err = measureWithin(ctx, m, key("b"), target(dsn+"&application_name=b"), 300*time.Millisecond)
 	require.ErrorIs(t, err, errNoConnSlot)
 	require.Contains(t, classify(err, "10s").Message, "--backlog-max-open-conns")
-	_, err = m.Measure(ctx, key("b"), target(dsn+"&application_name=b"))
+	require.Equal(t, ConnStats{Open: 1, Max: 1, Pools: 3}, m.ConnStats(), "the wait ended")
+	inUse.Release()
+	_, err = measure(ctx, m, key("b"), target(dsn+"&application_name=b"))
 	require.NoError(t, err)
 	require.Equal(t, ConnStats{Open: 1, Max: 1, Pools: 3}, m.ConnStats())
+}
+
+// A pool has at most MaxConns connections: a check of another relay on the
+// same DSN waits for one, and takes it when it is given back.
+func TestPoolMeasurerBoundsConnectionsPerPool(t *testing.T) {
+	t.Parallel()
+	dsn, _ := setupTable(t)
+	ctx := context.Background()
+	m := NewPoolMeasurer(PoolMeasurerConfig{MaxConns: 1})
+	t.Cleanup(m.Close)
+
+	inUse, err := m.Connect(ctx, key("a"), target(dsn), time.Second)
+	require.NoError(t, err)
+	_, err = measureWithin(ctx, m, key("b"), target(dsn), 300*time.Millisecond)
+	require.ErrorIs(t, err, errPoolBusy)
+	require.Contains(t, classify(err, "10s").Message, "--backlog-max-conns")
+
+	pid := inUse.(*poolConn).conn.PgConn().PID()
+	_, err = inUse.Measure(ctx)
+	require.NoError(t, err)
+	inUse.Release()
+	next, err := m.Connect(ctx, key("b"), target(dsn), time.Second)
+	require.NoError(t, err)
+	defer next.Release()
+	require.Equal(t, pid, next.(*poolConn).conn.PgConn().PID(), "the pool's idle connection, reused")
+	require.Equal(t, ConnStats{Open: 1, Max: 64, Pools: 1}, m.ConnStats())
+}
+
+// The connect timeout bounds the whole connection, in the check's own
+// goroutine: against a server that accepts and never answers, Connect
+// gives up within it, and nothing of the dial is left open afterwards.
+func TestPoolMeasurerConnectTimeoutBoundsADialThatHangs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	hole := silentListener(t)
+	m := NewPoolMeasurer(PoolMeasurerConfig{})
+	t.Cleanup(m.Close)
+
+	dsn := fmt.Sprintf("postgres://app:Canary-Pa55word@%s/app?sslmode=disable", hole)
+	_, err := m.Connect(ctx, key("hole"), target(dsn), 200*time.Millisecond)
+	require.ErrorIs(t, err, errConnect)
+	f := classify(err, "10s", dsn, "Canary-Pa55word")
+	require.Equal(t, CauseUnreachable, f.Cause)
+	require.Equal(t, unreachableMessage, f.Message)
+	require.Equal(t, ConnStats{Max: 64, Pools: 1}, m.ConnStats(), "no connection open, none being made")
+}
+
+// A connection idle more than a second is pinged before it is lent: one the
+// server closed meanwhile is replaced by a new one, and the check succeeds.
+func TestPoolMeasurerReplacesADeadIdleConnection(t *testing.T) {
+	t.Parallel()
+	dsn, admin := setupTable(t)
+	ctx := context.Background()
+	clock := &fakeClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	m := NewPoolMeasurer(PoolMeasurerConfig{Now: clock.Now})
+	t.Cleanup(m.Close)
+
+	c, err := m.Connect(ctx, key("a"), target(dsn), time.Second)
+	require.NoError(t, err)
+	pid := c.(*poolConn).conn.PgConn().PID()
+	_, err = c.Measure(ctx)
+	require.NoError(t, err)
+	c.Release()
+	_, err = admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
+	require.NoError(t, err)
+
+	clock.Step(2 * time.Second)
+	c, err = m.Connect(ctx, key("a"), target(dsn), time.Second)
+	require.NoError(t, err)
+	defer c.Release()
+	require.NotEqual(t, pid, c.(*poolConn).conn.PgConn().PID(), "a new connection")
+	_, err = c.Measure(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, m.ConnStats().Open)
+}
+
+// Idle connections are closed after MaxConnIdleTime, and when the last
+// relay holding their pool is released.
+func TestPoolMeasurerClosesIdleConnections(t *testing.T) {
+	t.Parallel()
+	dsn, _ := setupTable(t)
+	ctx := context.Background()
+
+	t.Run("AfterMaxConnIdleTime", func(t *testing.T) {
+		t.Parallel()
+		clock := &fakeClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+		m := NewPoolMeasurer(PoolMeasurerConfig{Now: clock.Now, MaxConnIdleTime: time.Minute})
+		t.Cleanup(m.Close)
+		_, err := measure(ctx, m, key("a"), target(dsn))
+		require.NoError(t, err)
+		clock.Step(30 * time.Second)
+		m.closeExpired()
+		require.Equal(t, 1, m.ConnStats().Open, "idle for less than MaxConnIdleTime")
+		clock.Step(30 * time.Second)
+		m.closeExpired()
+		require.Equal(t, ConnStats{Max: 64, Pools: 1}, m.ConnStats(), "the relay still holds its pool, without a connection")
+	})
+	t.Run("OnTheTimer", func(t *testing.T) {
+		t.Parallel()
+		m := NewPoolMeasurer(PoolMeasurerConfig{MaxConnIdleTime: 50 * time.Millisecond})
+		t.Cleanup(m.Close)
+		_, err := measure(ctx, m, key("a"), target(dsn))
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return m.ConnStats().Open == 0 }, 5*time.Second, 10*time.Millisecond)
+	})
+	t.Run("WithTheirPool", func(t *testing.T) {
+		t.Parallel()
+		m := NewPoolMeasurer(PoolMeasurerConfig{})
+		t.Cleanup(m.Close)
+		_, err := measure(ctx, m, key("a"), target(dsn))
+		require.NoError(t, err)
+		require.Equal(t, 1, m.ConnStats().Open)
+		m.Release(key("a"))
+		require.Equal(t, ConnStats{Max: 64}, m.ConnStats())
+	})
 }
 
 func TestPoolMeasurerCapsTheCount(t *testing.T) {
@@ -207,7 +367,7 @@ func TestPoolMeasurerCapsTheCount(t *testing.T) {
 	require.NoError(t, err)
 	m := NewPoolMeasurer(PoolMeasurerConfig{CountLimit: 10})
 	t.Cleanup(m.Close)
-	b, err := m.Measure(ctx, key("a"), target(dsn))
+	b, err := measure(ctx, m, key("a"), target(dsn))
 	require.NoError(t, err)
 	require.Equal(t, int64(10), b.Count)
 	require.True(t, b.Capped)
@@ -220,7 +380,7 @@ func TestPoolMeasurerRefusesFileKeys(t *testing.T) {
 	ctx := context.Background()
 	m := NewPoolMeasurer(PoolMeasurerConfig{})
 	t.Cleanup(m.Close)
-	_, err := m.Measure(ctx, key("a"), target(dsn+"&passfile=/etc/passwd"))
+	_, err := measure(ctx, m, key("a"), target(dsn+"&passfile=/etc/passwd"))
 	f := classify(err, "10s")
 	require.Equal(t, CauseDSNKeyNotAllowed, f.Cause, err)
 	require.Contains(t, f.Message, "passfile")

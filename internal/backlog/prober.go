@@ -2,8 +2,8 @@ package backlog
 
 import (
 	"context"
+	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -21,7 +21,7 @@ type Result struct {
 	Failure *Failure
 	// CheckedAt is when the check finished.
 	CheckedAt time.Time
-	// Duration is how long the check took.
+	// Duration is how long the check took, from when it left the queue.
 	Duration time.Duration
 	// Redis is the latest run of the Redis checks of the target (kept
 	// across the checks that do not run them); nil before the first, or
@@ -34,8 +34,8 @@ type Observation struct {
 	// Last is the latest finished check of the relay's current target; nil
 	// while none has finished.
 	Last *Result
-	// InFlight reports that a check is running; the Prober calls back when
-	// it finishes.
+	// InFlight reports that a check is queued or running; the Prober calls
+	// back when it finishes.
 	InFlight bool
 	// NextCheckIn is how long until the next check is due, when none is in
 	// flight: observe again then.
@@ -44,10 +44,24 @@ type Observation struct {
 
 // Config configures a Prober. Zero fields take the documented defaults.
 type Config struct {
-	// Measurer takes the measurements (required).
+	// Measurer makes the connections and takes the measurements (required).
 	Measurer Measurer
-	// Timeout bounds one check, connecting included (default 10s).
+	// Timeout bounds the queries of one check, and its Redis checks
+	// (default 10s). It starts when the check holds a check slot:
+	// getting a connection has a deadline of its own, ConnectTimeout.
 	Timeout time.Duration
+	// ConnectTimeout bounds getting the connection of a check (default
+	// 5s): the wait for a connection slot, dialling, TLS and
+	// authentication.
+	ConnectTimeout time.Duration
+	// FirstConnectTimeout replaces ConnectTimeout until a connection to the
+	// target has been made (default 1s; at most ConnectTimeout), doubling
+	// with each check in a row that could not connect: a new relay's
+	// database is measured at once when it answers, and one that accepts
+	// connections and never answers holds a dial slot for a second, not
+	// for ConnectTimeout, while a slow one is still reached within a few
+	// checks.
+	FirstConnectTimeout time.Duration
 	// MaxBackoff caps the delay between checks after consecutive failures
 	// (default 5m; never below the check interval).
 	MaxBackoff time.Duration
@@ -68,24 +82,77 @@ type Config struct {
 	// runs for one relay (default DefaultRedisInterval).
 	RedisCheck    func(ctx context.Context, t RedisTarget) doctor.Report
 	RedisInterval time.Duration
-	// MaxConcurrentChecks bounds the checks that run at once, across every
-	// relay (default 16). A due check waits for a free slot; its Timeout
-	// starts once it has one.
+	// MaxConcurrentChecks bounds the checks that run their queries (and
+	// Redis checks) at once, across every relay (default 16). A check
+	// takes one of these check slots once it has a connection.
 	MaxConcurrentChecks int
 	// MaxFailingChecks bounds, within MaxConcurrentChecks, the checks of
 	// relays whose last check failed (default a quarter of it, at least
-	// 1): databases that hang or blackhole connections hold a slot for the
-	// whole Timeout, and must not starve the checks of the relays that
-	// answer.
+	// 1): a query that hangs holds its slot until Timeout, and must not
+	// starve the checks of the relays that answer.
 	MaxFailingChecks int
+	// MaxConcurrentDials bounds the checks that are getting a connection
+	// at once (default 32), so the dials in flight: a due check waits in a
+	// queue (no goroutine) for one of these dial slots, and holds it until
+	// it has a connection and a check slot. A dial that waits for a
+	// database that never answers holds a dial slot, not a check slot.
+	MaxConcurrentDials int
+	// MaxFailingDials bounds, within MaxConcurrentDials, the dial slots of
+	// relays whose last check failed (default a quarter of it, at least 1).
+	MaxFailingDials int
 	// AllowDSNFileKeys is PoolMeasurerConfig.AllowFileKeys, for redacting
 	// the password of a DSN from messages the same way it was parsed.
 	AllowDSNFileKeys bool
 }
 
+// withDefaults fills the zero fields of c.
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.Timeout, 10*time.Second)
+	def(&c.ConnectTimeout, 5*time.Second)
+	def(&c.FirstConnectTimeout, time.Second)
+	c.FirstConnectTimeout = min(c.FirstConnectTimeout, c.ConnectTimeout)
+	def(&c.MaxBackoff, 5*time.Minute)
+	def(&c.FirstRetry, 2*time.Second)
+	def(&c.RedisInterval, DefaultRedisInterval)
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.RedisCheck == nil {
+		c.RedisCheck = CheckRedis
+	}
+	if c.Notify == nil {
+		c.Notify = func(context.Context, types.NamespacedName) {}
+	}
+	share := func(n *int, of int) {
+		if *n <= 0 || *n > of {
+			*n = max(1, of/4)
+		}
+	}
+	if c.MaxConcurrentChecks <= 0 {
+		c.MaxConcurrentChecks = 16
+	}
+	share(&c.MaxFailingChecks, c.MaxConcurrentChecks)
+	if c.MaxConcurrentDials <= 0 {
+		c.MaxConcurrentDials = 32
+	}
+	share(&c.MaxFailingDials, c.MaxConcurrentDials)
+	return c
+}
+
 // Prober schedules the backlog checks of every relay: at most one at a time
-// per relay, each in its own goroutine under Config.Timeout, so a database
-// that hangs holds up only its own relays' checks.
+// per relay, each in its own goroutine once it leaves the queue of due
+// checks, so a database that hangs holds up only its own relays' checks.
+//
+// A check has two stages, each under a bound: getting a connection (a dial
+// slot, MaxConcurrentDials, under ConnectTimeout), then running its queries
+// (a check slot, MaxConcurrentChecks, under Timeout). Due checks wait in a
+// queue for a dial slot, in two lanes: relays whose last check failed get
+// at most a quarter of each kind of slot.
 type Prober struct {
 	cfg    Config
 	ctx    context.Context
@@ -93,13 +160,16 @@ type Prober struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
+	stopped bool
 	entries map[types.NamespacedName]*entry
+	queue   dueQueue
+	// dialing counts the checks holding a dial slot, by lane.
+	dialing [laneCount]int
 
-	// slots holds one token per running check; failingSlots one more per
-	// running check of a relay whose last check failed.
+	// slots holds one token per check running its queries; failingSlots
+	// one more per such check of a relay whose last check failed.
 	slots        chan struct{}
 	failingSlots chan struct{}
-	waiting      atomic.Int64
 }
 
 // entry is one relay's state. gen changes whenever the entry is reset, so a
@@ -109,40 +179,38 @@ type entry struct {
 	fingerprint string
 	last        *Result
 	failures    int
-	inFlight    bool
 	// measured: a check of this target has succeeded.
 	measured bool
+	// connected: a connection to this target has been made; until then
+	// connectFailures counts the checks in a row that could not connect.
+	connected       bool
+	connectFailures int
+	state           checkState
+	// next is the check that is queued or running.
+	next check
+}
+
+// checkState is where a relay's check is.
+type checkState int
+
+const (
+	checkIdle    checkState = iota // none queued or running
+	checkQueued                    // due, waiting for a dial slot
+	checkRunning                   // connecting or measuring
+)
+
+// check is one check to run.
+type check struct {
+	target         Target
+	gen            uint64
+	failing        bool // the relay's last check failed: the failing lane
+	checkRedis     bool
+	connectTimeout time.Duration
 }
 
 // NewProber returns a Prober. Stop it with Stop (or run it with Start).
 func NewProber(cfg Config) *Prober {
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
-	}
-	if cfg.MaxBackoff <= 0 {
-		cfg.MaxBackoff = 5 * time.Minute
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.FirstRetry <= 0 {
-		cfg.FirstRetry = 2 * time.Second
-	}
-	if cfg.RedisCheck == nil {
-		cfg.RedisCheck = CheckRedis
-	}
-	if cfg.RedisInterval <= 0 {
-		cfg.RedisInterval = DefaultRedisInterval
-	}
-	if cfg.Notify == nil {
-		cfg.Notify = func(context.Context, types.NamespacedName) {}
-	}
-	if cfg.MaxConcurrentChecks <= 0 {
-		cfg.MaxConcurrentChecks = 16
-	}
-	if cfg.MaxFailingChecks <= 0 || cfg.MaxFailingChecks > cfg.MaxConcurrentChecks {
-		cfg.MaxFailingChecks = max(1, cfg.MaxConcurrentChecks/4)
-	}
+	cfg = cfg.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Prober{
 		cfg: cfg, ctx: ctx, cancel: cancel, entries: map[types.NamespacedName]*entry{},
@@ -163,14 +231,24 @@ func (p *Prober) Start(ctx context.Context) error {
 // controller (which runs under leader election) asks it to.
 func (p *Prober) NeedLeaderElection() bool { return false }
 
-// Stop cancels the running checks, waits for them and closes the measurer.
+// Stop drops the queued checks, cancels the running ones, waits for them
+// and closes the measurer.
 func (p *Prober) Stop() {
 	p.cancel()
+	p.mu.Lock()
+	p.stopped = true
+	for _, e := range p.entries {
+		if e.state == checkQueued {
+			e.state = checkIdle
+		}
+	}
+	p.queue = dueQueue{}
+	p.mu.Unlock()
 	p.wg.Wait()
 	p.cfg.Measurer.Close()
 }
 
-// Observe returns what is known of the relay's backlog for target and starts
+// Observe returns what is known of the relay's backlog for target and queues
 // a check when one is due: none has finished for this target yet, or
 // interval has passed since the last one (longer after failures: the delay
 // doubles with each consecutive failure, up to MaxBackoff). A new target (a
@@ -187,15 +265,18 @@ func (p *Prober) Observe(key types.NamespacedName, target Target, interval time.
 		p.entries[key] = e
 	}
 	if e.fingerprint != fp {
+		if e.state == checkQueued {
+			p.queue.remove(key)
+		}
 		*e = entry{gen: e.gen + 1, fingerprint: fp}
 	}
 
-	obs := Observation{InFlight: e.inFlight}
+	obs := Observation{InFlight: e.state != checkIdle}
 	if e.last != nil {
 		last := *e.last
 		obs.Last = &last
 	}
-	if e.inFlight {
+	if e.state != checkIdle {
 		return obs
 	}
 	if e.last != nil {
@@ -205,16 +286,21 @@ func (p *Prober) Observe(key types.NamespacedName, target Target, interval time.
 			return obs
 		}
 	}
-	if p.ctx.Err() != nil {
-		return obs // stopped: no new checks
+	if p.stopped {
+		return obs // no new checks
 	}
-	e.inFlight = true
+	e.state = checkQueued
+	e.next = check{
+		target:  target,
+		gen:     e.gen,
+		failing: e.last != nil && e.last.Failure != nil,
+		checkRedis: target.Redis != nil &&
+			(e.last == nil || e.last.Redis == nil || now.Sub(e.last.Redis.CheckedAt) >= p.cfg.RedisInterval),
+		connectTimeout: connectTimeout(p.cfg.FirstConnectTimeout, p.cfg.ConnectTimeout, e.connected, e.connectFailures),
+	}
+	p.queue.push(key, laneOf(e.next.failing))
+	p.dispatchLocked()
 	obs.InFlight = true
-	checkRedis := target.Redis != nil &&
-		(e.last == nil || e.last.Redis == nil || now.Sub(e.last.Redis.CheckedAt) >= p.cfg.RedisInterval)
-	failing := e.last != nil && e.last.Failure != nil
-	p.wg.Add(1)
-	go p.check(key, target, e.gen, checkRedis, failing)
 	return obs
 }
 
@@ -237,55 +323,132 @@ func (p *Prober) delay(interval time.Duration, failures int, measured bool) time
 	return min(d, limit)
 }
 
-// check runs one measurement and records it, unless the entry was reset or
-// forgotten meanwhile.
-func (p *Prober) check(key types.NamespacedName, target Target, gen uint64, checkRedis, failing bool) {
+// connectTimeout is the connect deadline of a check: full once a connection
+// to the target has been made; before that first, doubled for each check in
+// a row that could not connect, up to full.
+func connectTimeout(first, full time.Duration, connected bool, failures int) time.Duration {
+	if connected {
+		return full
+	}
+	d := first
+	for ; failures > 0 && d < full; failures-- {
+		d *= 2
+	}
+	return min(d, full)
+}
+
+// dispatchLocked starts queued checks while a dial slot is free: the one
+// that has waited longest, from the failing lane only while it holds fewer
+// than MaxFailingDials.
+func (p *Prober) dispatchLocked() {
+	for !p.stopped && p.dialing[laneAnswering]+p.dialing[laneFailing] < p.cfg.MaxConcurrentDials {
+		key, l, ok := p.queue.pop(p.dialing[laneFailing] < p.cfg.MaxFailingDials)
+		if !ok {
+			return
+		}
+		// Forget and a new target take a key out of the queue, so the
+		// entry is there and queued.
+		e := p.entries[key]
+		e.state = checkRunning
+		p.dialing[l]++
+		p.wg.Add(1)
+		go p.run(key, e.next)
+	}
+}
+
+// dialDone gives back a dial slot and starts the next queued check.
+func (p *Prober) dialDone(c check) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dialing[laneOf(c.failing)]--
+	p.dispatchLocked()
+}
+
+// run runs one check, holding the dial slot dispatchLocked gave it: it gets
+// a connection, then takes a check slot (giving the dial slot back) and runs
+// the queries, and the Redis checks when they are due. A check that could
+// not connect needs no check slot, unless its Redis checks are due.
+func (p *Prober) run(key types.NamespacedName, c check) {
 	defer p.wg.Done()
-	if !p.takeSlots(failing) {
-		p.finishStopped(key, gen)
+	start := p.cfg.Now()
+	conn, connErr := p.connect(key, c)
+	if connErr != nil && !c.checkRedis {
+		p.dialDone(c)
+		if p.ctx.Err() != nil {
+			p.finish(key, c, nil, nil) // stopped
+			return
+		}
+		p.finish(key, c, p.result(c.target, start, outbox.Backlog{}, connErr, nil), connErr)
 		return
 	}
-	defer func() {
-		<-p.slots
-		if failing {
-			<-p.failingSlots
+	slot := p.takeSlots(c.failing)
+	p.dialDone(c)
+	if !slot {
+		if conn != nil {
+			conn.Release()
 		}
-	}()
+		p.finish(key, c, nil, nil) // stopped
+		return
+	}
+	res := p.measure(c, conn, connErr, start)
+	p.releaseSlots(c.failing)
+	p.finish(key, c, res, connErr)
+}
+
+// connect gets the check's connection within its connect timeout.
+func (p *Prober) connect(key types.NamespacedName, c check) (Conn, error) {
+	return p.cfg.Measurer.Connect(p.ctx, key, c.target, c.connectTimeout)
+}
+
+// measure runs the queries over conn (none when the connection failed with
+// connErr) and, beside them, the Redis checks when due, under Timeout.
+func (p *Prober) measure(c check, conn Conn, connErr error, start time.Time) *Result {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Timeout)
 	defer cancel()
 
-	// The Redis checks run beside the measurement, under the same deadline.
-	var redisRes *RedisResult
-	redisDone := make(chan struct{})
-	go func() {
-		defer close(redisDone)
-		if checkRedis {
-			checks := p.cfg.RedisCheck(ctx, *target.Redis)
+	var (
+		redisRes *RedisResult
+		redis    sync.WaitGroup
+	)
+	if c.checkRedis {
+		redis.Go(func() {
+			checks := p.cfg.RedisCheck(ctx, *c.target.Redis)
 			redisRes = &RedisResult{Checks: checks, CheckedAt: p.cfg.Now()}
-		}
-	}()
-	defer func() { <-redisDone }()
+		})
+	}
+	b, err := outbox.Backlog{}, connErr
+	if conn != nil {
+		b, err = conn.Measure(ctx)
+		conn.Release()
+	}
+	redis.Wait()
+	return p.result(c.target, start, b, err, redisRes)
+}
 
-	start := p.cfg.Now()
-	b, err := p.cfg.Measurer.Measure(ctx, key, target)
+// result makes the Result of a check that started at start.
+func (p *Prober) result(t Target, start time.Time, b outbox.Backlog, err error, redis *RedisResult) *Result {
 	end := p.cfg.Now()
-	res := &Result{Backlog: b, CheckedAt: end, Duration: end.Sub(start)}
+	res := &Result{Backlog: b, CheckedAt: end, Duration: end.Sub(start), Redis: redis}
 	if err != nil {
 		res.Backlog = outbox.Backlog{}
-		res.Failure = classify(err, p.cfg.Timeout.String(), target.DSN, passwordOf(target.DSN, p.cfg.AllowDSNFileKeys))
+		res.Failure = classify(err, p.cfg.Timeout.String(), t.DSN, passwordOf(t.DSN, p.cfg.AllowDSNFileKeys))
 	}
+	return res
+}
 
-	<-redisDone
-	res.Redis = redisRes
-
+// finish records a check's result (nil: the Prober stopped first) unless
+// the entry was reset or forgotten meanwhile, and notifies.
+func (p *Prober) finish(key types.NamespacedName, c check, res *Result, connErr error) {
 	p.mu.Lock()
 	e, ok := p.entries[key]
-	current := ok && e.gen == gen
-	if current && res.Redis == nil && e.last != nil {
-		res.Redis = e.last.Redis
-	}
+	current := ok && e.gen == c.gen
 	if current {
-		e.inFlight = false
+		e.state = checkIdle
+	}
+	if current && res != nil {
+		if res.Redis == nil && e.last != nil {
+			res.Redis = e.last.Redis
+		}
 		e.last = res
 		if res.Failure != nil {
 			e.failures++
@@ -293,14 +456,20 @@ func (p *Prober) check(key types.NamespacedName, target Target, gen uint64, chec
 			e.failures = 0
 			e.measured = true
 		}
+		switch {
+		case connErr == nil:
+			e.connected, e.connectFailures = true, 0
+		case errors.Is(connErr, errConnect):
+			e.connectFailures++
+		}
 	}
 	p.mu.Unlock()
 	if !ok {
-		// Forgotten while the check ran: the measurement may have taken a
+		// Forgotten while the check ran: the connection may have taken a
 		// share of a pool again after Forget released it.
 		p.cfg.Measurer.Release(key)
 	}
-	if current && p.ctx.Err() == nil {
+	if current && res != nil && p.ctx.Err() == nil {
 		p.cfg.Notify(p.ctx, key)
 	}
 }
@@ -322,16 +491,9 @@ func (p *Prober) takeSlots(failing bool) bool {
 	return p.take(p.slots)
 }
 
-// take puts a token into slots, waiting while it is full (counted in
-// CheckStats.Waiting); false when the Prober stopped first.
+// take puts a token into slots, waiting while it is full; false when the
+// Prober stopped first.
 func (p *Prober) take(slots chan struct{}) bool {
-	select {
-	case slots <- struct{}{}:
-		return true
-	default:
-	}
-	p.waiting.Add(1)
-	defer p.waiting.Add(-1)
 	select {
 	case slots <- struct{}{}:
 		return true
@@ -340,37 +502,54 @@ func (p *Prober) take(slots chan struct{}) bool {
 	}
 }
 
-// finishStopped ends a check that never ran because the Prober stopped.
-func (p *Prober) finishStopped(key types.NamespacedName, gen uint64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if e, ok := p.entries[key]; ok && e.gen == gen {
-		e.inFlight = false
+// releaseSlots gives back what takeSlots took.
+func (p *Prober) releaseSlots(failing bool) {
+	<-p.slots
+	if failing {
+		<-p.failingSlots
 	}
 }
 
+// MaxCheckDuration is the longest a check runs once it has left the queue,
+// but for a wait for a check slot: ConnectTimeout and Timeout.
+func (p *Prober) MaxCheckDuration() time.Duration { return p.cfg.ConnectTimeout + p.cfg.Timeout }
+
 // CheckStats are the checks of a Prober, for metrics.
 type CheckStats struct {
-	// Running is the number of checks running now.
+	// Running is the number of checks running their queries now.
 	Running int
 	// Max is MaxConcurrentChecks.
 	Max int
-	// Waiting is the number of due checks waiting for a free slot.
+	// Waiting is the number of due checks queued for a dial slot.
 	Waiting int
+	// Dialing is the number of checks holding a dial slot: getting a
+	// connection, or waiting with one for a check slot.
+	Dialing int
+	// MaxDials is MaxConcurrentDials.
+	MaxDials int
 	// Relays is the number of relays the Prober knows.
 	Relays int
 }
 
 // CheckStats returns the current check figures.
 func (p *Prober) CheckStats() CheckStats {
-	return CheckStats{Running: len(p.slots), Max: cap(p.slots), Waiting: int(p.waiting.Load()), Relays: p.Len()}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return CheckStats{
+		Running: len(p.slots), Max: cap(p.slots), Waiting: p.queue.len(),
+		Dialing:  p.dialing[laneAnswering] + p.dialing[laneFailing],
+		MaxDials: p.cfg.MaxConcurrentDials, Relays: len(p.entries),
+	}
 }
 
 // Forget drops everything known about the relay and releases its
-// connections; call it when the relay is deleted. A check in flight finishes
-// in the background and is discarded.
+// connections; call it when the relay is deleted. A queued check is
+// dropped; one running finishes in the background and is discarded.
 func (p *Prober) Forget(key types.NamespacedName) {
 	p.mu.Lock()
+	if e, ok := p.entries[key]; ok && e.state == checkQueued {
+		p.queue.remove(key)
+	}
 	delete(p.entries, key)
 	p.mu.Unlock()
 	p.cfg.Measurer.Release(key)

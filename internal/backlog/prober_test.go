@@ -3,6 +3,9 @@ package backlog
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -10,15 +13,20 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/outbox-dev/outbox-operator/internal/doctor"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
 // fakeMeasurer answers from a function per relay; a relay without one hangs
-// until its context is done.
+// in Measure until its context is done. A relay with a dial function
+// connects through it, under the timeout the Prober asked for; one without
+// connects at once.
 type fakeMeasurer struct {
 	mu       sync.Mutex
 	answer   map[string]func(ctx context.Context) (outbox.Backlog, error)
+	dial     map[string]func(ctx context.Context) error
 	calls    map[string]int
+	timeouts map[string][]time.Duration // the connect timeout of each Connect
 	released map[string]int
 	closed   bool
 }
@@ -26,7 +34,9 @@ type fakeMeasurer struct {
 func newFakeMeasurer() *fakeMeasurer {
 	return &fakeMeasurer{
 		answer:   map[string]func(context.Context) (outbox.Backlog, error){},
+		dial:     map[string]func(context.Context) error{},
 		calls:    map[string]int{},
+		timeouts: map[string][]time.Duration{},
 		released: map[string]int{},
 	}
 }
@@ -37,16 +47,25 @@ func (f *fakeMeasurer) set(name string, fn func(ctx context.Context) (outbox.Bac
 	f.answer[name] = fn
 }
 
-func (f *fakeMeasurer) Measure(ctx context.Context, key types.NamespacedName, _ Target) (outbox.Backlog, error) {
+func (f *fakeMeasurer) setDial(name string, fn func(ctx context.Context) error) {
 	f.mu.Lock()
-	fn := f.answer[key.Name]
-	f.calls[key.Name]++
+	defer f.mu.Unlock()
+	f.dial[name] = fn
+}
+
+func (f *fakeMeasurer) Connect(ctx context.Context, key types.NamespacedName, _ Target, timeout time.Duration) (Conn, error) {
+	f.mu.Lock()
+	dial := f.dial[key.Name]
+	f.timeouts[key.Name] = append(f.timeouts[key.Name], timeout)
 	f.mu.Unlock()
-	if fn == nil {
-		<-ctx.Done()
-		return outbox.Backlog{}, ctx.Err()
+	if dial != nil {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		if err := dial(ctx); err != nil {
+			return nil, err
+		}
 	}
-	return fn(ctx)
+	return &fakeConn{f: f, name: key.Name}, nil
 }
 
 func (f *fakeMeasurer) Release(key types.NamespacedName) {
@@ -65,6 +84,38 @@ func (f *fakeMeasurer) callsOf(name string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.calls[name]
+}
+
+func (f *fakeMeasurer) timeoutsOf(name string) []time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.timeouts[name])
+}
+
+type fakeConn struct {
+	f    *fakeMeasurer
+	name string
+}
+
+func (c *fakeConn) Measure(ctx context.Context) (outbox.Backlog, error) {
+	c.f.mu.Lock()
+	fn := c.f.answer[c.name]
+	c.f.calls[c.name]++
+	c.f.mu.Unlock()
+	if fn == nil {
+		<-ctx.Done()
+		return outbox.Backlog{}, ctx.Err()
+	}
+	return fn(ctx)
+}
+
+func (c *fakeConn) Release() {}
+
+// blackhole is a dial that never answers: it fails as PoolMeasurer's do
+// when the connect timeout runs out.
+func blackhole(ctx context.Context) error {
+	<-ctx.Done()
+	return fmt.Errorf("%w: %w", errConnect, ctx.Err())
 }
 
 func count(n int64) func(context.Context) (outbox.Backlog, error) {
@@ -280,7 +331,7 @@ func TestProberStopCancelsChecksAndClosesMeasurer(t *testing.T) {
 func TestProberBoundsConcurrentChecks(t *testing.T) {
 	t.Parallel()
 	m := newFakeMeasurer()
-	p := NewProber(Config{Measurer: m, Timeout: 10 * time.Second, MaxConcurrentChecks: 2})
+	p := NewProber(Config{Measurer: m, Timeout: 10 * time.Second, MaxConcurrentChecks: 2, MaxConcurrentDials: 1})
 	t.Cleanup(p.Stop)
 
 	var mu sync.Mutex
@@ -302,8 +353,9 @@ func TestProberBoundsConcurrentChecks(t *testing.T) {
 	}
 	require.Eventually(t, func() bool {
 		s := p.CheckStats()
-		return s.Running == 2 && s.Waiting == 3
-	}, 5*time.Second, 10*time.Millisecond, "two run, three wait: %+v", p.CheckStats())
+		return s.Running == 2 && s.Dialing == 1 && s.Waiting == 2
+	}, 5*time.Second, 10*time.Millisecond,
+		"two run, one is connected and waits for a check slot in the only dial slot, two are queued: %+v", p.CheckStats())
 	close(release)
 	require.Eventually(t, func() bool {
 		for _, name := range []string{"a", "b", "c", "d", "e"} {
@@ -316,7 +368,7 @@ func TestProberBoundsConcurrentChecks(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, 2, most, "never more checks at once than MaxConcurrentChecks")
-	require.Equal(t, CheckStats{Max: 2, Relays: 5}, p.CheckStats())
+	require.Equal(t, CheckStats{Max: 2, MaxDials: 1, Relays: 5}, p.CheckStats())
 }
 
 // Relays whose last check failed (a database that hangs or blackholes
@@ -364,8 +416,8 @@ func TestProberKeepsSlotsForRelaysThatAnswer(t *testing.T) {
 	for _, name := range bad {
 		require.True(t, observe(name).InFlight)
 	}
-	require.Eventually(t, func() bool { return p.CheckStats().Waiting == 2 }, 5*time.Second, 10*time.Millisecond,
-		"one failing relay hangs in its slot, two wait: %+v", p.CheckStats())
+	require.Eventually(t, func() bool { s := p.CheckStats(); return s.Running == 1 && s.Dialing == 2 },
+		5*time.Second, 10*time.Millisecond, "one failing relay hangs in its check slot, two wait for one: %+v", p.CheckStats())
 
 	// A relay that answers is measured meanwhile.
 	m.set("good", count(7))
@@ -409,4 +461,247 @@ func TestProberRetriesSoonUntilFirstMeasured(t *testing.T) {
 	obs := b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
 	require.Nil(t, obs.Last.Failure)
 	require.Equal(t, 30*time.Second, obs.NextCheckIn, "measured: the interval")
+}
+
+func TestConnectTimeout(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name      string
+		first     time.Duration
+		connected bool
+		failures  int
+		want      time.Duration
+	}{
+		{"NeverTried", time.Second, false, 0, time.Second},
+		{"OneFailure", time.Second, false, 1, 2 * time.Second},
+		{"TwoFailures", time.Second, false, 2, 4 * time.Second},
+		{"CappedAtTheFullTimeout", time.Second, false, 3, 5 * time.Second},
+		{"ManyFailures", time.Second, false, 60, 5 * time.Second},
+		{"ConnectedBefore", time.Second, true, 0, 5 * time.Second},
+		{"ConnectedBeforeThenFailing", time.Second, true, 4, 5 * time.Second},
+		{"FirstAboveTheFullTimeout", time.Minute, false, 0, 5 * time.Second},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tc.want, connectTimeout(tc.first, 5*time.Second, tc.connected, tc.failures))
+		})
+	}
+}
+
+// Until a connection to a target has been made, its checks connect under
+// FirstConnectTimeout, doubling with each that could not connect; once one
+// connected, under ConnectTimeout.
+func TestProberShortensTheConnectTimeoutUntilConnected(t *testing.T) {
+	t.Parallel()
+	m := newFakeMeasurer()
+	clock := &fakeClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	notified := make(chan types.NamespacedName, 10)
+	p := NewProber(Config{
+		Measurer: m, Now: clock.Now, FirstConnectTimeout: 10 * time.Millisecond, ConnectTimeout: 80 * time.Millisecond,
+		Notify: func(_ context.Context, k types.NamespacedName) { notified <- k },
+	})
+	t.Cleanup(p.Stop)
+	m.setDial("a", blackhole)
+	m.set("a", count(4))
+
+	check := func() Observation {
+		t.Helper()
+		p.Observe(key("a"), target("postgres://a"), time.Minute)
+		select {
+		case <-notified:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no notification")
+		}
+		obs := p.Observe(key("a"), target("postgres://a"), time.Minute)
+		clock.Step(obs.NextCheckIn)
+		return obs
+	}
+	for range 5 {
+		obs := check()
+		require.NotNil(t, obs.Last.Failure)
+		require.Equal(t, CauseUnreachable, obs.Last.Failure.Cause)
+		require.Equal(t, unreachableMessage, obs.Last.Failure.Message, "a connect timeout says no more than unreachable")
+	}
+	m.setDial("a", nil)
+	require.Nil(t, check().Last.Failure)
+	m.setDial("a", blackhole)
+	require.NotNil(t, check().Last.Failure)
+
+	ms := time.Millisecond
+	require.Equal(t, []time.Duration{10 * ms, 20 * ms, 40 * ms, 80 * ms, 80 * ms, 80 * ms, 80 * ms}, m.timeoutsOf("a"),
+		"doubling from FirstConnectTimeout up to ConnectTimeout; the full timeout once connected")
+}
+
+// A check waiting for a database that never answers holds a dial slot, not
+// a check slot: the relays that answer are measured meanwhile, even with a
+// single check slot.
+func TestProberDialsHoldNoCheckSlot(t *testing.T) {
+	t.Parallel()
+	m := newFakeMeasurer()
+	p := NewProber(Config{Measurer: m, ConnectTimeout: time.Minute, FirstConnectTimeout: time.Minute,
+		MaxConcurrentChecks: 1, MaxConcurrentDials: 3})
+	t.Cleanup(p.Stop)
+	release := make(chan struct{})
+	for _, name := range []string{"hole1", "hole2"} {
+		m.setDial(name, func(ctx context.Context) error {
+			select {
+			case <-release:
+				return fmt.Errorf("%w: refused", errConnect)
+			case <-ctx.Done():
+				return blackhole(ctx)
+			}
+		})
+		require.True(t, p.Observe(key(name), target("postgres://"+name), time.Minute).InFlight)
+	}
+	require.Eventually(t, func() bool { s := p.CheckStats(); return s.Dialing == 2 && s.Running == 0 },
+		5*time.Second, 10*time.Millisecond, "two dials, no check slot taken: %+v", p.CheckStats())
+
+	m.set("good", count(3))
+	p.Observe(key("good"), target("postgres://good"), time.Minute)
+	require.Eventually(t, func() bool {
+		o := p.Observe(key("good"), target("postgres://good"), time.Minute)
+		return o.Last != nil && !o.InFlight
+	}, 5*time.Second, 10*time.Millisecond, "measured while both dials wait")
+	require.Equal(t, 2, p.CheckStats().Dialing)
+
+	close(release)
+	require.Eventually(t, func() bool { return p.CheckStats() == CheckStats{Max: 1, MaxDials: 3, Relays: 3} },
+		5*time.Second, 10*time.Millisecond)
+	require.Zero(t, m.callsOf("hole1"), "a check that could not connect runs no query")
+}
+
+// Relays whose last check failed get at most MaxFailingDials of the dial
+// slots; the others wait in their own lane, and the relays that answer
+// connect meanwhile.
+func TestProberKeepsDialSlotsForRelaysThatAnswer(t *testing.T) {
+	t.Parallel()
+	m := newFakeMeasurer()
+	clock := &fakeClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	p := NewProber(Config{Measurer: m, Now: clock.Now, ConnectTimeout: time.Minute, FirstConnectTimeout: time.Minute,
+		MaxConcurrentDials: 4})
+	t.Cleanup(p.Stop)
+	observe := func(name string) Observation { return p.Observe(key(name), target("postgres://"+name), time.Second) }
+	done := func(name string) func() bool {
+		return func() bool { o := observe(name); return o.Last != nil && !o.InFlight }
+	}
+
+	// Three relays are refused once, then hang.
+	var mu sync.Mutex
+	hanging, most := 0, 0
+	release := make(chan struct{})
+	bad := []string{"bad1", "bad2", "bad3"}
+	for _, name := range bad {
+		first := true
+		m.setDial(name, func(context.Context) error {
+			mu.Lock()
+			if first {
+				first = false
+				mu.Unlock()
+				return fmt.Errorf("%w: refused", errConnect)
+			}
+			hanging++
+			most = max(most, hanging)
+			mu.Unlock()
+			<-release
+			mu.Lock()
+			hanging--
+			mu.Unlock()
+			return fmt.Errorf("%w: refused", errConnect)
+		})
+		observe(name)
+		require.Eventually(t, done(name), 5*time.Second, 10*time.Millisecond)
+	}
+	clock.Step(time.Hour) // every failed relay is due again
+	for _, name := range bad {
+		require.True(t, observe(name).InFlight)
+	}
+	require.Eventually(t, func() bool { s := p.CheckStats(); return s.Dialing == 1 && s.Waiting == 2 },
+		5*time.Second, 10*time.Millisecond, "one failing relay dials, two are queued: %+v", p.CheckStats())
+
+	m.set("good", count(7))
+	observe("good")
+	require.Eventually(t, done("good"), 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, int64(7), observe("good").Last.Backlog.Count)
+
+	close(release)
+	for _, name := range bad {
+		require.Eventually(t, done(name), 5*time.Second, 10*time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 1, most, "at most MaxFailingDials (a quarter of 4) failing dials at once")
+}
+
+// A due check waits in the queue as an entry, not a goroutine: a thousand
+// due checks behind two dial slots cost about two goroutines. Not parallel:
+// it counts the goroutines of the process.
+func TestProberQueuesDueChecksWithoutGoroutines(t *testing.T) {
+	m := newFakeMeasurer()
+	p := NewProber(Config{Measurer: m, ConnectTimeout: time.Minute, FirstConnectTimeout: time.Minute,
+		MaxConcurrentDials: 2, MaxConcurrentChecks: 2})
+	release := make(chan struct{})
+	const relays = 1000
+	before := runtime.NumGoroutine()
+	for i := range relays {
+		name := fmt.Sprintf("r%d", i)
+		m.setDial(name, func(context.Context) error { <-release; return fmt.Errorf("%w: refused", errConnect) })
+		require.True(t, p.Observe(key(name), target("postgres://"+name), time.Minute).InFlight)
+	}
+	require.Equal(t, CheckStats{Max: 2, Waiting: relays - 2, Dialing: 2, MaxDials: 2, Relays: relays}, p.CheckStats())
+	require.LessOrEqual(t, runtime.NumGoroutine()-before, 2+5, "a goroutine per dial slot, none per queued check")
+
+	close(release)
+	require.Eventually(t, func() bool { return p.CheckStats().Waiting == 0 && p.CheckStats().Dialing == 0 },
+		10*time.Second, 10*time.Millisecond)
+	p.Stop()
+}
+
+// Forget drops a relay's queued check; Stop drops every queued check.
+func TestProberForgetAndStopDropQueuedChecks(t *testing.T) {
+	t.Parallel()
+	m := newFakeMeasurer()
+	p := NewProber(Config{Measurer: m, ConnectTimeout: time.Minute, FirstConnectTimeout: time.Minute, MaxConcurrentDials: 1})
+	t.Cleanup(p.Stop)
+	m.setDial("hole", blackhole)
+	for _, name := range []string{"hole", "queued", "forgotten"} {
+		m.set(name, count(1))
+		require.True(t, p.Observe(key(name), target("postgres://"+name), time.Minute).InFlight)
+	}
+	require.Equal(t, 2, p.CheckStats().Waiting)
+	p.Forget(key("forgotten"))
+	require.Equal(t, 1, p.CheckStats().Waiting)
+
+	p.Stop()
+	require.Equal(t, CheckStats{Max: 16, MaxDials: 1, Relays: 2}, p.CheckStats())
+	require.False(t, p.Observe(key("queued"), target("postgres://queued"), time.Minute).InFlight,
+		"the queued check was dropped, and a stopped Prober queues none")
+	require.Empty(t, m.timeoutsOf("queued"), "never connected")
+	require.Empty(t, m.timeoutsOf("forgotten"))
+}
+
+// The Redis checks do not need PostgreSQL: when they are due they run even
+// though the connection could not be made.
+func TestProberRunsRedisChecksWhenTheDatabaseIsUnreachable(t *testing.T) {
+	t.Parallel()
+	m := newFakeMeasurer()
+	notified := make(chan types.NamespacedName, 1)
+	p := NewProber(Config{
+		Measurer: m,
+		RedisCheck: func(context.Context, RedisTarget) doctor.Report {
+			return doctor.Report{{Name: "redis.persistence", Status: doctor.OK}}
+		},
+		Notify: func(_ context.Context, k types.NamespacedName) { notified <- k },
+	})
+	t.Cleanup(p.Stop)
+	m.setDial("a", func(context.Context) error { return fmt.Errorf("%w: refused", errConnect) })
+	tgt := target("postgres://a")
+	tgt.Redis = &RedisTarget{URL: "redis://r", Stream: "jobs"}
+	p.Observe(key("a"), tgt, time.Minute)
+	<-notified
+	obs := p.Observe(key("a"), tgt, time.Minute)
+	require.Equal(t, CauseUnreachable, obs.Last.Failure.Cause)
+	require.NotNil(t, obs.Last.Redis)
+	require.Equal(t, doctor.OK, obs.Last.Redis.Checks[0].Status)
+	require.Zero(t, m.callsOf("a"))
 }

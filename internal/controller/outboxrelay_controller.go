@@ -77,12 +77,10 @@ type OutboxRelayReconciler struct {
 	Measurer backlog.Measurer
 	// Pools configures the default PoolMeasurer.
 	Pools backlog.PoolMeasurerConfig
-	// BacklogTimeout bounds one backlog check, connecting included
-	// (default 10s).
-	BacklogTimeout time.Duration
-	// MaxConcurrentChecks bounds the backlog checks that run at once
-	// (default 16; backlog.Config.MaxConcurrentChecks).
-	MaxConcurrentChecks int
+	// Checks configures the backlog Prober: its deadlines and bounds
+	// (backlog.Config; zero fields take its defaults). SetupWithManager
+	// sets Measurer, Notify and AllowDSNFileKeys.
+	Checks backlog.Config
 	// Metrics exports per-relay gauges; nil exports none.
 	Metrics *RelayMetrics
 	// Clock is the time source (default the real clock).
@@ -187,7 +185,7 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		// Only a new spec can fix it, and that triggers a reconcile.
 		return ctrl.Result{}, nil
 	}
-	return ctrl.Result{RequeueAfter: st.requeueAfter(r.backlogTimeout())}, nil
+	return ctrl.Result{RequeueAfter: st.requeueAfter(r.prober.MaxCheckDuration())}, nil
 }
 
 // prerequisiteRetryDelay is how soon a relay whose Secrets are missing or
@@ -304,8 +302,10 @@ func (st *relayState) requeueAfter(checkTimeout time.Duration) time.Duration {
 	if st.backlog != nil {
 		if st.backlog.InFlight {
 			// The Prober triggers a reconcile when the check ends; this is
-			// only a safety net.
-			consider(checkTimeout + time.Second)
+			// only a safety net, no sooner than the check interval: a check
+			// may wait in the Prober's queue longer than it runs, and a
+			// reconcile meanwhile would only observe it waiting.
+			consider(max(checkTimeout+time.Second, st.relay.Spec.Backlog.GetCheckInterval()))
 		} else {
 			consider(st.backlog.NextCheckIn)
 		}
@@ -327,13 +327,6 @@ func (r *OutboxRelayReconciler) forget(key types.NamespacedName) {
 	if r.Metrics != nil {
 		r.Metrics.Delete(key)
 	}
-}
-
-func (r *OutboxRelayReconciler) backlogTimeout() time.Duration {
-	if r.BacklogTimeout > 0 {
-		return r.BacklogTimeout
-	}
-	return 10 * time.Second
 }
 
 // notifyBacklog turns a finished backlog check into a reconcile of its
@@ -416,13 +409,11 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	}
 
 	r.backlogEvents = make(chan event.GenericEvent, 1024)
-	r.prober = backlog.NewProber(backlog.Config{
-		Measurer:            r.Measurer,
-		Timeout:             r.backlogTimeout(),
-		Notify:              r.notifyBacklog,
-		MaxConcurrentChecks: r.MaxConcurrentChecks,
-		AllowDSNFileKeys:    r.Pools.AllowFileKeys,
-	})
+	checks := r.Checks
+	checks.Measurer = r.Measurer
+	checks.Notify = r.notifyBacklog
+	checks.AllowDSNFileKeys = r.Pools.AllowFileKeys
+	r.prober = backlog.NewProber(checks)
 	if err := mgr.Add(r.prober); err != nil {
 		return fmt.Errorf("adding the backlog prober: %w", err)
 	}

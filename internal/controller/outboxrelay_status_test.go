@@ -240,8 +240,12 @@ func TestRequeueAfter(t *testing.T) {
 	st = newState(func(st *relayState) { st.backlog.NextCheckIn = time.Hour })
 	require.Equal(t, 4*time.Minute+time.Second, st.requeueAfter(10*time.Second))
 
+	// While a check is queued or runs, the Prober's notification comes
+	// first: the safety net is the check interval (30s by default), or
+	// longer than a check can run.
 	st = newState(func(st *relayState) { st.backlog = &backlog.Observation{InFlight: true} })
-	require.Equal(t, 11*time.Second, st.requeueAfter(10*time.Second))
+	require.Equal(t, 30*time.Second, st.requeueAfter(10*time.Second))
+	require.Equal(t, 41*time.Second, st.requeueAfter(40*time.Second))
 }
 
 func TestDeadLettersCondition(t *testing.T) {

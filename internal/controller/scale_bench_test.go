@@ -3,6 +3,7 @@ package controller
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/yaml"
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
@@ -80,6 +83,10 @@ type scaleResult struct {
 	poolConns  int                      // backlog connections the manager held
 	cpu        map[string]time.Duration // CPU time until all Ready, by process
 	requests   []string                 // the API server's busiest request kinds
+	// environment is the manager's environment as a default install's;
+	// loadBefore and loadAfter the 1-minute load average at the first
+	// create and at the end.
+	environment, loadBefore, loadAfter string
 }
 
 func (r scaleResult) reconcilesPerSecond() float64 { return r.reconciles / r.toReady.Seconds() }
@@ -97,6 +104,8 @@ func (r scaleResult) print(n int) {
 	row("manager peak RSS (VmHWM)\t%.0f MiB", float64(r.peakRSS)/(1<<20))
 	row("manager RSS at the end\t%.0f MiB", float64(r.rssAfter)/(1<<20))
 	row("backlog connections to PostgreSQL\t%d", r.poolConns)
+	row("manager's environment\t%s", r.environment)
+	row("load average of the machine at the start / at the end\t%s / %s", r.loadBefore, r.loadAfter)
 	for _, p := range []string{"manager", "kube-apiserver", "etcd"} {
 		row("CPU time of %s until all Ready\t%.1f s", p, r.cpu[p].Seconds())
 	}
@@ -139,9 +148,10 @@ func runScale(b *testing.B, n int) scaleResult {
 
 	mgr := s.startManager(b)
 
+	loadBefore := loadAverage()
 	b.ResetTimer()
 	start := time.Now()
-	res := scaleResult{createTime: s.createRelays(b, n, func(i int) *v1alpha1.OutboxRelay {
+	res := scaleResult{loadBefore: loadBefore, createTime: s.createRelays(b, n, func(i int) *v1alpha1.OutboxRelay {
 		relay := newRelay(benchNamespace, fmt.Sprintf("relay-%04d", i), withTable(benchTable(i)))
 		relay.Spec.Redis.URLSecretRef.Name = "redis"
 		return relay
@@ -161,6 +171,8 @@ func runScale(b *testing.B, n int) scaleResult {
 	res.steadyRate = (mgr.reconcileTotal(b) - res.reconciles) / 30
 	res.peakRSS, res.rssAfter = mgr.memory(b)
 	res.poolConns = backlogConnections(b, conn)
+	res.environment = mgr.environment()
+	res.loadAfter = loadAverage()
 	return res
 }
 
@@ -335,6 +347,39 @@ type managerProcess struct {
 	cmd         *exec.Cmd
 	logPath     string
 	metricsAddr string
+	// installEnv is what a default install adds to the manager's
+	// environment (defaultInstallEnv), as NAME=value.
+	installEnv []string
+}
+
+// defaultInstallEnv is the environment config/manager gives the manager's
+// container beyond the operator's image: CONTAINER_MEMORY_LIMIT, its
+// limits.memory in bytes through the downward API, from which the manager
+// sets its soft memory limit. The benchmarks run the manager with it.
+func defaultInstallEnv(b *testing.B) []string {
+	raw, err := os.ReadFile("../../config/manager/manager.yaml")
+	require.NoError(b, err)
+	for _, doc := range strings.Split(string(raw), "\n---\n") {
+		var dep appsv1.Deployment
+		require.NoError(b, yaml.Unmarshal([]byte(doc), &dep))
+		if dep.Kind != "Deployment" {
+			continue
+		}
+		for _, c := range dep.Spec.Template.Spec.Containers {
+			for _, e := range c.Env {
+				if e.ValueFrom == nil || e.ValueFrom.ResourceFieldRef == nil {
+					continue
+				}
+				ref := e.ValueFrom.ResourceFieldRef
+				require.Equal(b, "limits.memory", ref.Resource, "the only resourceFieldRef of config/manager")
+				limit := c.Resources.Limits.Memory()
+				require.False(b, limit.IsZero(), "config/manager sets limits.memory")
+				return []string{fmt.Sprintf("%s=%d", e.Name, limit.Value())}
+			}
+		}
+	}
+	b.Fatal("config/manager/manager.yaml passes no resourceFieldRef to the manager")
+	return nil
 }
 
 // startManagerProcess builds cmd/manager and runs it with a kubeconfig of
@@ -352,7 +397,7 @@ func startManagerProcess(b *testing.B, env *envtest.Environment, dir string) *ma
 	kubeconfigPath := filepath.Join(dir, "kubeconfig")
 	require.NoError(b, os.WriteFile(kubeconfigPath, kubeconfig, 0o600))
 
-	m := &managerProcess{logPath: filepath.Join(dir, "manager.log"), metricsAddr: freeAddr(b)}
+	m := &managerProcess{logPath: filepath.Join(dir, "manager.log"), metricsAddr: freeAddr(b), installEnv: defaultInstallEnv(b)}
 	if p := os.Getenv(envBenchManagerLog); p != "" {
 		m.logPath = p
 	}
@@ -366,6 +411,10 @@ func startManagerProcess(b *testing.B, env *envtest.Environment, dir string) *ma
 		"--relay-image=" + testImage,
 	}, strings.Fields(os.Getenv(envBenchManagerArgs))...)
 	m.cmd = exec.Command(bin, args...)
+	// GOMEMLIMIT of the shell running the benchmark would win over the
+	// default install's limit.
+	m.cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOMEMLIMIT=") }),
+		m.installEnv...)
 	m.cmd.Stdout, m.cmd.Stderr = logFile, logFile
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	require.NoError(b, m.cmd.Start())
@@ -382,6 +431,30 @@ func startManagerProcess(b *testing.B, env *envtest.Environment, dir string) *ma
 		_ = logFile.Close()
 	})
 	return m
+}
+
+// startupField returns a field of the manager's "Starting manager" log
+// line (JSON), or "?".
+func (m *managerProcess) startupField(name string) string {
+	raw, err := os.ReadFile(m.logPath)
+	if err != nil {
+		return "?"
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if !strings.Contains(line, `"Starting manager"`) {
+			continue
+		}
+		var fields map[string]any
+		if json.Unmarshal([]byte(line), &fields) == nil && fields[name] != nil {
+			return fmt.Sprint(fields[name])
+		}
+	}
+	return "?"
+}
+
+// environment describes the environment the manager ran with.
+func (m *managerProcess) environment() string {
+	return fmt.Sprintf("%s (config/manager's), soft memory limit %s", strings.Join(m.installEnv, " "), m.startupField("memoryLimit"))
 }
 
 // freeAddr returns a free loopback address.

@@ -174,6 +174,8 @@ type hostileResult struct {
 	// the relays are created and at the end: other work on the machine moves
 	// every figure.
 	loadBefore, loadAfter string
+	// environment is the manager's environment as a default install's.
+	environment string
 
 	steady            time.Duration
 	interval          time.Duration
@@ -291,6 +293,7 @@ func runScaleHostile(b *testing.B, mix hostileMix) hostileResult {
 	res.peakRSS, res.rssAfter = mgr.memory(b)
 	res.poolConnsAfter = backlogConnections(b, conn)
 	res.loadAfter = loadAverage()
+	res.environment = mgr.environment()
 	res.requests = apiRequests(b, s.cfg)
 
 	// The canaries: the manager's log and metrics, and what the API server
@@ -627,10 +630,13 @@ func (r hostileResult) print(mix hostileMix) {
 	row("time until every relay had its final condition\t%.1f s", r.toSettled.Seconds())
 	row("manager peak RSS (VmHWM)\t%.0f MiB", float64(r.peakRSS)/(1<<20))
 	row("manager RSS at the end\t%.0f MiB", float64(r.rssAfter)/(1<<20))
-	row("backlog checks running, peak / bound\t%.0f / %.0f", g["checks_running"], g["checks_max"])
-	row("backlog checks waiting for a slot, peak\t%.0f", g["checks_waiting"])
+	row("manager's environment\t%s", r.environment)
+	row("backlog checks running their queries, peak / bound\t%.0f / %.0f", g["checks_running"], g["checks_max"])
+	row("backlog checks queued for a dial slot, peak\t%.0f", g["checks_waiting"])
+	row("backlog checks holding a dial slot, peak / bound\t%.0f / %.0f", g["dials_running"], g["dials_max"])
+	row("backlog connections being made, peak / bound\t%.0f / %.0f", g["connections_dialing"], g["dials_max"])
 	row("backlog connections open, peak / bound\t%.0f / %.0f", g["connections_open"], g["connections_max"])
-	row("backlog dials waiting for a connection slot, peak\t%.0f", g["connections_waiting"])
+	row("backlog checks waiting for a connection, peak\t%.0f", g["connections_waiting"])
 	row("backlog pools, peak\t%.0f", g["pools"])
 	row("(gauges: %d scrapes, %s apart; %d failed)\t", r.bounds.scrapes, gaugeScrapeInterval, r.bounds.scrapeErrors)
 	row("size of the manager's /metrics at the end\t%.0f KiB", float64(r.searched["manager metrics"])/(1<<10))
@@ -678,6 +684,13 @@ func (r hostileResult) check(b *testing.B, mix hostileMix) {
 	require.LessOrEqual(b, g["checks_running"], g["checks_max"], "backlog checks above their bound")
 	require.LessOrEqual(b, g["connections_open"], g["connections_max"], "backlog connections above their bound")
 	require.LessOrEqual(b, float64(r.bounds.sockets), g["connections_max"], "the manager's sockets above the bound on connections")
+	require.Positive(b, g["dials_max"])
+	require.LessOrEqual(b, g["dials_running"], g["dials_max"], "backlog checks connecting above their bound")
+	require.LessOrEqual(b, g["connections_dialing"], g["dials_max"], "backlog dials above their bound")
+	// A socket to a blackhole is a dial that waits (the connection is
+	// closed when its connect timeout ends, before the dial slot is given
+	// back): never more than the dial slots.
+	require.LessOrEqual(b, float64(r.bounds.socketsHole), g["dials_max"], "the manager's sockets to blackholes above the bound on dials")
 	// Not the blackholes' own count: it runs behind the hang-ups it has yet
 	// to read.
 	// A window of k intervals holds at most k+1 writes of a relay written

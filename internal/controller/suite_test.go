@@ -34,6 +34,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
+	"github.com/outbox-dev/outbox-operator/internal/backlog"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
@@ -44,9 +45,10 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // suiteTimeout bounds every wait of the envtest tests.
 const suiteTimeout = 45 * time.Second
 
-// testBacklogTimeout is the deadline of one backlog check in the suite: short,
-// so that the test of a hanging database is quick, and long enough for
-// another relay to be measured meanwhile on a busy machine.
+// testBacklogTimeout is the deadline of one backlog check in the suite, and
+// of its connection, the first included: short, so that the test of a
+// hanging database is quick, and long enough for another relay to be
+// measured meanwhile on a busy machine.
 const testBacklogTimeout = 5 * time.Second
 
 // suite is a real kube-apiserver and etcd, with the CRD installed, and a
@@ -116,12 +118,14 @@ func startSuite(t *testing.T) *suite {
 	require.NoError(t, s.metrics.Register(relayMetrics))
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &OutboxRelayReconciler{
-		Client:                  mgr.GetClient(),
-		APIReader:               mgr.GetAPIReader(),
-		Scheme:                  mgr.GetScheme(),
-		Recorder:                mgr.GetEventRecorder("outbox-operator"),
-		RelayImage:              testImage,
-		BacklogTimeout:          testBacklogTimeout,
+		Client:     mgr.GetClient(),
+		APIReader:  mgr.GetAPIReader(),
+		Scheme:     mgr.GetScheme(),
+		Recorder:   mgr.GetEventRecorder("outbox-operator"),
+		RelayImage: testImage,
+		Checks: backlog.Config{
+			Timeout: testBacklogTimeout, ConnectTimeout: testBacklogTimeout, FirstConnectTimeout: testBacklogTimeout,
+		},
 		Metrics:                 relayMetrics,
 		MaxConcurrentReconciles: 4,
 	}

@@ -27,6 +27,9 @@ func ControllerGen(t testing.TB, args func(out string) []string) (root, out stri
 	out = t.TempDir()
 	cmd := exec.Command(cg, args(out)...)
 	cmd.Dir = root
+	// The product module alone, as `make manifests` runs it: in the Go
+	// workspace controller-gen's loader refuses ./... (Makefile).
+	cmd.Env = append(os.Environ(), "GOWORK=off")
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("controller-gen: %v\n%s", err, msg)
 	}

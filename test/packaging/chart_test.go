@@ -195,6 +195,23 @@ func env(c corev1.Container, name string) string {
 	return ""
 }
 
+// envFrom returns the source of the container's env var name (nil when
+// unset or a plain value).
+func envFrom(c corev1.Container, name string) *corev1.EnvVarSource {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.ValueFrom
+		}
+	}
+	return nil
+}
+
+// memoryLimitFromContainer is how the manifests pass the manager its
+// container's memory limit, for its soft memory limit.
+var memoryLimitFromContainer = &corev1.EnvVarSource{
+	ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "manager", Resource: "limits.memory"},
+}
+
 // argsWithPrefix returns the container args that start with prefix.
 func argsWithPrefix(c corev1.Container, prefix string) []string {
 	var out []string
@@ -218,6 +235,7 @@ func TestChartManagerDeployment(t *testing.T) {
 		image := "ghcr.io/outbox-dev/outbox-operator:" + chart.AppVersion
 		require.Equal(t, image, c.Image)
 		require.Equal(t, image, env(c, "OPERATOR_IMAGE"), "relays default to the operator's own image")
+		require.Equal(t, memoryLimitFromContainer, envFrom(c, "CONTAINER_MEMORY_LIMIT"), "the soft memory limit follows the container's")
 		require.Empty(t, argsWithPrefix(c, "--relay-image"))
 		require.Empty(t, argsWithPrefix(c, "--watch-namespaces"))
 		require.Equal(t, []string{"/manager"}, c.Command)
@@ -227,6 +245,7 @@ func TestChartManagerDeployment(t *testing.T) {
 		require.Equal(t, []string{"--metrics-secure=true"}, argsWithPrefix(c, "--metrics-secure"))
 		require.Empty(t, argsWithPrefix(c, "--metrics-cert-dir"), "a self-signed certificate by default")
 		require.Empty(t, argsWithPrefix(c, "--enable-http2"), "HTTP/2 off by default")
+		require.Empty(t, argsWithPrefix(c, "--backlog-max-concurrent-dials"), "the manager's default: half of the connections")
 		require.Equal(t, "outbox-operator", d.Spec.Template.Spec.ServiceAccountName)
 		require.Equal(t, int32(1), *d.Spec.Replicas)
 
@@ -262,6 +281,7 @@ func TestChartManagerDeployment(t *testing.T) {
 		require.Equal(t, []string{"--log-level=debug"}, argsWithPrefix(c, "--log-level"))
 		require.Equal(t, []string{"--metrics-bind-address=:9090"}, argsWithPrefix(c, "--metrics-bind-address"))
 		require.Equal(t, []string{"--backlog-check-timeout=15s"}, argsWithPrefix(c, "--backlog-check-timeout"))
+		require.Equal(t, []string{"--backlog-max-concurrent-dials=8"}, argsWithPrefix(c, "--backlog-max-concurrent-dials"))
 		require.Equal(t, "200MiB", env(c, "GOMEMLIMIT"))
 		require.Equal(t, int32(2), *d.Spec.Replicas)
 		require.Equal(t, corev1.PullAlways, c.ImagePullPolicy)

@@ -173,6 +173,7 @@ func TestInstallerManager(t *testing.T) {
 			d, c := manager(t, objs, managerSA)
 			require.Equal(t, "ghcr.io/outbox-dev/outbox-operator:dev", c.Image)
 			require.Equal(t, c.Image, env(c, "OPERATOR_IMAGE"))
+			require.Equal(t, memoryLimitFromContainer, envFrom(c, "CONTAINER_MEMORY_LIMIT"))
 			require.Equal(t, []string{"--leader-elect"}, argsWithPrefix(c, "--leader-elect"))
 			require.Equal(t, managerSA, d.Spec.Template.Spec.ServiceAccountName)
 			find(t, objs, "ServiceAccount", managerSA)
