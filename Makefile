@@ -87,13 +87,16 @@ test-kubelet-node: image-offline ## Run the real node's test: a kubelet on conta
 
 ##@ Development
 
-# controller-gen reads the markers of the product module alone (GOWORK=off): its
-# loader refuses the pattern ./... in the workspace ("directory prefix . does
-# not contain modules listed in go.work"), and hack/ and test/ hold no markers.
+# controller-gen reads the markers of the product module alone (GOWORK=off) in
+# api/ and internal/ (CONTROLLER_GEN_PATHS), where they are: in the workspace
+# its loader refuses ./... ("directory prefix . does not contain modules listed
+# in go.work"), and with ./... it also loads the nested modules hack/ and test/
+# in the product module's context, whose go.sum lacks their requirements.
+CONTROLLER_GEN_PATHS := ./api/...;./internal/...
 .PHONY: manifests
 manifests: controller-gen ## Generate the CRD and RBAC manifests from the Go markers, and the chart's copies of them.
 	@if [ -d api ] && ls api/*/*.go >/dev/null 2>&1; then \
-		GOWORK=off "$(CONTROLLER_GEN)" rbac:roleName=manager-role crd webhook paths="./..." output:crd:artifacts:config=config/crd/bases; \
+		GOWORK=off "$(CONTROLLER_GEN)" rbac:roleName=manager-role crd webhook paths="$(CONTROLLER_GEN_PATHS)" output:crd:artifacts:config=config/crd/bases; \
 	fi
 	@$(MAKE) --no-print-directory helm-sync
 

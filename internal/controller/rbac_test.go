@@ -16,7 +16,7 @@ import (
 func TestRBACIsCurrent(t *testing.T) {
 	t.Parallel()
 	root, out := testenv.ControllerGen(t, func(out string) []string {
-		return []string{"rbac:roleName=manager-role", "paths=./...", "output:rbac:artifacts:config=" + out}
+		return []string{"rbac:roleName=manager-role", "paths=./api/...;./internal/...", "output:rbac:artifacts:config=" + out}
 	})
 	want, err := os.ReadFile(filepath.Join(out, "role.yaml"))
 	require.NoError(t, err)
