@@ -181,7 +181,10 @@ func newState(o Options) (*State, error) {
 	if s.ServiceAddress, err = lastIP(s.PodCIDR); err != nil {
 		return nil, err
 	}
-	for _, p := range []*int{&s.EtcdPort, &s.EtcdPeerPort, &s.APIServerPort, &s.ControllerManagerPort, &s.SchedulerPort, &s.KubeletPort, &s.KubeletHealthzPort} {
+	for _, p := range []*int{
+		&s.EtcdPort, &s.EtcdPeerPort, &s.APIServerPort, &s.ControllerManagerPort, &s.SchedulerPort,
+		&s.KubeletPort, &s.KubeletHealthzPort,
+	} {
 		if *p, err = controlplane.FreePort(); err != nil {
 			return nil, err
 		}

@@ -40,6 +40,15 @@ const CRINamespace = "k8s.io"
 // CNIBinDir holds Debian's CNI plugins (containernetworking-plugins).
 const CNIBinDir = "/usr/lib/cni"
 
+// cniType is the key of a CNI plugin's configuration that names the plugin.
+const cniType = "type"
+
+// Debian packages the node needs (Preflight names them).
+const (
+	pkgContainerd = "containerd"
+	pkgCNI        = "containernetworking-plugins"
+)
+
 // Config is the node's shape, filled by package cluster from its state.
 type Config struct {
 	// StateDir is the cluster's state dir; the node keeps its files in
@@ -143,15 +152,15 @@ func (c Config) cniConfig() ([]byte, error) {
 		"name":       "outbox-local-cluster",
 		"plugins": []any{
 			map[string]any{
-				"type": "bridge", "bridge": c.Bridge, "isGateway": true, "ipMasq": false,
+				cniType: "bridge", "bridge": c.Bridge, "isGateway": true, "ipMasq": false,
 				"hairpinMode": true,
 				"ipam": map[string]any{
-					"type":    "host-local",
+					cniType:   "host-local",
 					"dataDir": filepath.Join(c.Dir(), "cni", "ipam"),
 					"ranges":  []any{[]any{map[string]any{"subnet": c.PodCIDR, "gateway": c.NodeIP}}},
 				},
 			},
-			map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}},
+			map[string]any{cniType: "portmap", "capabilities": map[string]bool{"portMappings": true}},
 		},
 	}
 	return json.MarshalIndent(conf, "", "  ")

@@ -56,7 +56,8 @@ func WriteImageArchive(path string, img Image) error {
 	epoch := time.Unix(0, 0)
 	for _, f := range img.Files {
 		name := strings.TrimPrefix(f.Path, "/")
-		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: f.Mode, Size: int64(len(f.Data)), ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
+		hdr := &tar.Header{Name: name, Mode: f.Mode, Size: int64(len(f.Data)), ModTime: epoch, Typeflag: tar.TypeReg}
+		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
 		if _, err := tw.Write(f.Data); err != nil {
@@ -77,7 +78,7 @@ func WriteImageArchive(path string, img Image) error {
 	config, err := json.Marshal(map[string]any{
 		"architecture": "amd64", "os": "linux",
 		"config": map[string]any{"Entrypoint": img.Entrypoint, "User": img.User},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{layerDigest}},
+		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{layerDigest}}, //nolint:goconst // the OCI config's key, not the CNI one
 	})
 	if err != nil {
 		return err

@@ -23,15 +23,15 @@ import (
 
 // packages names the Debian package of each program the node needs.
 var packages = []struct{ path, pkg string }{
-	{"containerd", "containerd"},
-	{"containerd-shim-runc-v2", "containerd"},
-	{"ctr", "containerd"},
+	{"containerd", pkgContainerd},
+	{"containerd-shim-runc-v2", pkgContainerd},
+	{"ctr", pkgContainerd},
 	{"runc", "runc"},
 	{"iptables", "iptables"},
-	{filepath.Join(CNIBinDir, "bridge"), "containernetworking-plugins"},
-	{filepath.Join(CNIBinDir, "host-local"), "containernetworking-plugins"},
-	{filepath.Join(CNIBinDir, "loopback"), "containernetworking-plugins"},
-	{filepath.Join(CNIBinDir, "portmap"), "containernetworking-plugins"},
+	{filepath.Join(CNIBinDir, "bridge"), pkgCNI},
+	{filepath.Join(CNIBinDir, "host-local"), pkgCNI},
+	{filepath.Join(CNIBinDir, "loopback"), pkgCNI},
+	{filepath.Join(CNIBinDir, "portmap"), pkgCNI},
 }
 
 // cgroupControllers are the cgroup v1 controllers the kubelet needs.
@@ -73,7 +73,8 @@ func Preflight(c Config) error {
 	}
 	for _, ctl := range cgroupControllers {
 		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctl, "cgroup.procs")); err != nil {
-			errs = append(errs, fmt.Errorf("the cgroup v1 controller %s is not mounted at /sys/fs/cgroup/%s: the kubelet needs cpu, cpuacct, cpuset, memory and pids", ctl, ctl))
+			errs = append(errs, fmt.Errorf("the cgroup v1 controller %s is not mounted at /sys/fs/cgroup/%s: "+
+				"the kubelet needs cpu, cpuacct, cpuset, memory and pids", ctl, ctl))
 		}
 	}
 	if b, err := os.ReadFile("/proc/filesystems"); err == nil && !strings.Contains(string(b), "overlay") {
@@ -96,7 +97,7 @@ func Start(ctx context.Context, c Config, images []string) (started []string, er
 		return nil, err
 	}
 	if _, alive := supervise.AliveFromFile(filepath.Join(c.PidDir, Containerd+".pid")); !alive {
-		if _, err := supervise.Start(supervise.Spec{Name: Containerd, Path: mustLookPath("containerd"),
+		if _, err := supervise.Start(supervise.Spec{Name: Containerd, Path: mustLookPath(pkgContainerd),
 			Args: []string{"--config", c.containerdConfigPath()}}, c.PidDir, c.LogDir); err != nil {
 			return started, err
 		}
