@@ -39,7 +39,7 @@ func TestWaitReplicas(t *testing.T) {
 	primary := testenv.StartRedis(t)
 	b := setup(t, bundleOpts{redisURL: primary.URL()})
 	replica := startReplica(t, primary, b.rdb)
-	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond})
+	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, WaitReplicas: 1, WaitTimeout: 2 * time.Second})
 	ctx := context.Background()
 
 	ids := b.insert(t, 25)
