@@ -69,7 +69,14 @@ func streamLossCase(t *testing.T, fault func(t *testing.T, rs *testenv.RedisServ
 	var rep replayJSON
 	out := mustRelay(t, env, "replay", "--stream", stream, "--pending", "--output", "json")
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
-	require.Equal(t, int64(1), rep.ResetsReplayed, "the recorded reset is marked replayed")
+	// One fault may be recorded as more than one reset (a restarted Redis is
+	// seen first as an older last id, then as a missing stream): each window is
+	// replayed, and none is left pending.
+	require.GreaterOrEqual(t, rep.ResetsReplayed, int64(1), "the recorded reset is marked replayed")
+	var again replayJSON
+	out = mustRelay(t, env, "replay", "--stream", stream, "--pending", "--output", "json")
+	require.NoError(t, json.Unmarshal([]byte(out), &again), out)
+	require.Zero(t, again.ResetsReplayed, "no reset left pending after the replay")
 	r := checkStream(t, rdb, stream, prod.committed())
 	figures(t, r, 1, fmt.Sprintf("lost_before_replay=%d replayed=%d detected_after=%s", before.Lost, rep.Republished,
 		ms(detected)))
