@@ -91,6 +91,12 @@ func TestKubeletNodeRunsTheImage(t *testing.T) {
 		"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
 	}}}, metav1.CreateOptions{})
 	require.NoError(t, err)
+	// Pods are admitted once the namespace's default ServiceAccount exists
+	// (the controller manager makes it a moment after the namespace).
+	testenv.EventuallyEvery(t, 250*time.Millisecond, time.Minute, "the default ServiceAccount", func() error {
+		_, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
 
 	// The operator's image, as its Deployment runs it: user and entrypoint of
 	// the image, a read-only root, no capabilities. --help prints and exits 0.
