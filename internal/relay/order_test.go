@@ -64,6 +64,46 @@ func TestFailedBatchHoldsBackTheBatchesClaimedAfterIt(t *testing.T) {
 	requireFirstOccurrencesInOrder(t, b.readStream(t, b.stream), ids)
 }
 
+// TestClaimAfterAFailureWaitsForTheBatchesClaimedBeforeIt puts a claim
+// between a batch's failure and the rollback of the batches claimed before
+// it: the claim that reads the pipeline's epoch before the failure takes
+// the failed batch's rows after their rollback, labelled with the old
+// epoch. The next claim must wait until the publisher has rolled that one
+// back; claiming beside it would skip the rows it holds (SKIP LOCKED) and
+// publish the rows after them first.
+func TestClaimAfterAFailureWaitsForTheBatchesClaimedBeforeIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	b.insertBulk(t, 100)
+	ids := b.allIDs(t)
+	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 2, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+	var published, claims atomic.Int64
+	release := make(chan struct{})
+	r.testHookBeforePublish = func([]outbox.Event) error {
+		if published.Add(1) == 2 {
+			<-release // batch 2 fails once the third claim has read the epoch
+			return errors.New("injected failure of batch 2")
+		}
+		return nil
+	}
+	r.testHookBeforeClaim = func() {
+		if claims.Add(1) == 3 {
+			close(release)
+			// Batch 2 failed and was rolled back: this claim takes its
+			// rows under the epoch it read before.
+			waitFor(t, "batch 2 failed", func() bool { return r.failures.Load() > 0 })
+		}
+	}
+	// The publisher is slow to roll back the stale claim: the claimer's
+	// backoff (1 ms) ends long before.
+	r.testHookBeforeStaleRollback = func() { time.Sleep(300 * time.Millisecond) }
+	stop := runInBackground(t, r)
+	waitFor(t, "backlog drained", func() bool { return b.backlog(t) == 0 })
+	require.NoError(t, stop())
+	require.GreaterOrEqual(t, claims.Load(), int64(4))
+	requireFirstOccurrencesInOrder(t, b.readStream(t, b.stream), ids)
+}
+
 // TestStrictOneLeaderAndTakeover runs two relays with ordering Strict:
 // one publishes, the other stands by; when the leader stops, the standby
 // takes over, and the stream is in order throughout.

@@ -47,6 +47,13 @@ type Relay struct {
 	// error fails the batch before anything reached Redis. Tests use it to
 	// fail a batch in the middle of the pipeline.
 	testHookBeforePublish func(events []outbox.Event) error
+	// testHookBeforeClaim, when set, runs in the claimer after it read the
+	// pipeline's epoch and before it claims; testHookBeforeStaleRollback
+	// before the publisher rolls back a batch claimed before a failure.
+	// Tests use them to order a claim against a failure, which no real
+	// server can be made to do at exactly that point.
+	testHookBeforeClaim         func()
+	testHookBeforeStaleRollback func()
 }
 
 // errNotStarted is the readiness error before the first pass.
@@ -94,21 +101,25 @@ func (r *Relay) setErr(err error) {
 
 // Run relays until ctx is cancelled, then finishes or rolls back the
 // batches in flight and returns nil. It returns an error only if it cannot
-// start.
+// start. It returns after its background loops: the stream watch records
+// a reset found at the end (and replays it, with AutoReplay) before the
+// process may exit.
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("Relay started", "database", r.cfg.Database, "batchSize", r.cfg.BatchSize,
 		"pollInterval", r.cfg.PollInterval.String(), "inFlight", r.cfg.InFlight, "ordering", string(r.cfg.Ordering))
 	r.ensureDeadLetterTable(ctx)
 	listenCtx, stopListening := context.WithCancel(ctx)
-	defer stopListening()
-	go r.listen(listenCtx)
-	go r.watchStream(listenCtx) // stream resets, trimming (streamloss.go, trim.go)
+	var background sync.WaitGroup
+	background.Go(func() { r.listen(listenCtx) })
+	background.Go(func() { r.watchStream(listenCtx) }) // stream resets, trimming (streamloss.go, trim.go)
 
 	if r.cfg.Ordering != OrderingNone {
 		r.own(ctx)
 	} else {
 		r.pipeline(ctx, nil)
 	}
+	stopListening()
+	background.Wait()
 	r.log.Info("Relay stopped")
 	return nil
 }
@@ -138,14 +149,18 @@ type batch struct {
 // (the tokens). When a batch fails, the publisher rolls it back, then moves
 // the epoch on: every batch claimed before that (so claimed past the failed
 // rows) is rolled back unpublished, and the claimer waits out the backoff
-// and claims again from the oldest pending row. So order holds by
+// and claims again from the oldest pending row, once no batch of an older
+// epoch holds a row lock: a claim skips locked rows, so claiming beside
+// such a batch would take rows after the ones it holds. So order holds by
 // construction: the stream receives batches in claim order, and nothing is
 // published after a failed batch until it has succeeded. With an ownership
 // (ordering Strict or PerKey), every batch is fenced by it.
 func (r *Relay) pipeline(ctx context.Context, o *ownership) {
 	p := &pipe{
-		queue:  make(chan *batch, r.cfg.InFlight),
-		tokens: make(chan struct{}, r.cfg.InFlight),
+		queue:   make(chan *batch, r.cfg.InFlight),
+		tokens:  make(chan struct{}, r.cfg.InFlight),
+		open:    map[uint64]int{},
+		changed: make(chan struct{}),
 	}
 	for range r.cfg.InFlight {
 		p.tokens <- struct{}{}
@@ -164,6 +179,52 @@ type pipe struct {
 	epoch  atomic.Uint64
 	// resume is when the claimer may claim again after a failure (Unix nanos).
 	resume atomic.Int64
+
+	mu sync.Mutex
+	// open counts, by epoch, the batches claimed and not yet committed or
+	// rolled back; changed is closed (and replaced) when a count falls.
+	open    map[uint64]int
+	changed chan struct{}
+}
+
+// opened counts a claimed batch of epoch e.
+func (p *pipe) opened(e uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.open[e]++
+}
+
+// closed counts a batch of epoch e committed or rolled back.
+func (p *pipe) closed(e uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open[e]--; p.open[e] <= 0 {
+		delete(p.open, e)
+	}
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// waitOlder waits until no batch of an epoch before e holds its rows, or
+// ctx ends (false).
+func (p *pipe) waitOlder(ctx context.Context, e uint64) bool {
+	for {
+		p.mu.Lock()
+		older := false
+		for oe := range p.open {
+			older = older || oe < e
+		}
+		changed := p.changed
+		p.mu.Unlock()
+		if !older {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // claimer claims batches while ctx lasts and hands them to the publisher.
@@ -177,11 +238,16 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 		if wait := time.Until(time.Unix(0, p.resume.Load())); wait > 0 {
 			sleep(ctx, wait, nil)
 		}
-		if ctx.Err() != nil {
+		epoch := p.epoch.Load()
+		// The batches claimed before a failure hold rows that the claim
+		// would skip; they are rolled back first.
+		if ctx.Err() != nil || !p.waitOlder(ctx, epoch) {
 			p.tokens <- struct{}{}
 			return
 		}
-		epoch := p.epoch.Load()
+		if r.testHookBeforeClaim != nil {
+			r.testHookBeforeClaim()
+		}
 		b, err := r.claim(ctx, o)
 		var pause time.Duration
 		var wake <-chan struct{}
@@ -199,6 +265,7 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 			pause, wake = r.cfg.PollInterval, r.wake
 		default:
 			b.epoch = epoch
+			p.opened(epoch)
 			p.queue <- b // never blocks: a token is held for it
 			if len(b.events) < r.cfg.BatchSize {
 				pause, wake = r.cfg.BusyPollInterval, r.wake
@@ -216,11 +283,16 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 func (r *Relay) publisher(p *pipe, o *ownership) {
 	for b := range p.queue {
 		if b.epoch != p.epoch.Load() {
+			if r.testHookBeforeStaleRollback != nil {
+				r.testHookBeforeStaleRollback()
+			}
 			r.rollback(b) // claimed past a batch that failed
+			p.closed(b.epoch)
 			p.tokens <- struct{}{}
 			continue
 		}
 		_, err := r.finish(b, o)
+		p.closed(b.epoch)
 		r.setErr(err)
 		if err == nil {
 			p.tokens <- struct{}{}

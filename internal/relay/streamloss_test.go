@@ -177,3 +177,27 @@ func TestAutoReplay(t *testing.T) {
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
 	require.GreaterOrEqual(t, testutilCounter(r.cfg.Metrics.stream.ReplayedEvents), 40.0)
 }
+
+// TestResetFoundAtShutdownIsRecorded: a reset the relay found just before
+// it was stopped is in the stream-resets table when Run returns, so the
+// process cannot exit between finding it and recording it (the record is
+// what the operator shows and what replay --pending replays).
+func TestResetFoundAtShutdownIsRecorded(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	// The watch loop looks once at the start, then not for an hour: the
+	// reset below is recorded only on the way out.
+	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: time.Hour})
+	stop := runInBackground(t, r)
+	b.insert(t, 20)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 20 })
+	ctx := context.Background()
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	r.checkStream(ctx)
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+	require.NoError(t, stop())
+	p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), p.Count, "the reset recorded before Run returned")
+}
