@@ -4,9 +4,9 @@
 #
 # Usage: hack/setup-envtest.sh [--with-control-plane] [--with-node]
 #
-# --with-node adds the kubelet of the local cluster's real node and implies
-# --with-control-plane. setup-envtest never ships it; it is always built from
-# the Go modules.
+# --with-node adds the kubelet and kube-proxy of the local cluster's real node
+# and implies --with-control-plane. setup-envtest never ships them; they are
+# always built from the Go modules.
 #
 # Prints exactly one line on stdout: the directory to use as KUBEBUILDER_ASSETS.
 # All progress goes to stderr, so this works:
@@ -78,7 +78,7 @@ if $with_control_plane; then
 	k8s_bins+=(kube-controller-manager kube-scheduler)
 fi
 if $with_node; then
-	k8s_bins+=(kubelet)
+	k8s_bins+=(kubelet kube-proxy)
 fi
 
 # --- cache checks -----------------------------------------------------------

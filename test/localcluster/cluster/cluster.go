@@ -87,8 +87,11 @@ type State struct {
 	// Node is the kind of node (NodeProcesses or NodeKubelet; empty is
 	// NodeProcesses), chosen at the first up.
 	Node string `json:",omitempty"`
-	// KubeletHealthzPort is the real kubelet's /healthz on 127.0.0.1.
+	// KubeletHealthzPort is the real kubelet's /healthz on 127.0.0.1;
+	// ProxyHealthzPort and ProxyMetricsPort are kube-proxy's.
 	KubeletHealthzPort int `json:",omitempty"`
+	ProxyHealthzPort   int `json:",omitempty"`
+	ProxyMetricsPort   int `json:",omitempty"`
 	// BinDir holds manager, relay, orders-api, worker and localcluster, built at up.
 	BinDir string
 	// RepoDir is the checkout the binaries were built from.
@@ -178,12 +181,17 @@ func newState(o Options) (*State, error) {
 		return nil, err
 	}
 	s.AdvertiseAddress = s.Gateway
+	if s.Node == NodeKubelet {
+		// Pods reach the API server where the kubernetes Service's
+		// endpoint is: the host's address on the bridge.
+		s.BindAddress = s.Gateway
+	}
 	if s.ServiceAddress, err = lastIP(s.PodCIDR); err != nil {
 		return nil, err
 	}
 	for _, p := range []*int{
 		&s.EtcdPort, &s.EtcdPeerPort, &s.APIServerPort, &s.ControllerManagerPort, &s.SchedulerPort,
-		&s.KubeletPort, &s.KubeletHealthzPort,
+		&s.KubeletPort, &s.KubeletHealthzPort, &s.ProxyHealthzPort, &s.ProxyMetricsPort,
 	} {
 		if *p, err = controlplane.FreePort(); err != nil {
 			return nil, err
@@ -286,6 +294,12 @@ func Up(ctx context.Context, o Options) (*State, error) {
 		}
 		_, _ = fmt.Fprintf(out, "Built in %s.\n", time.Since(start).Round(100*time.Millisecond))
 	}
+	if realNode {
+		// The API server listens on the bridge's address.
+		if err := netns.EnsureBridge(s.Network()); err != nil {
+			return s, err
+		}
+	}
 	started, err := controlplane.Start(ctx, s.Config)
 	for _, name := range started {
 		_, _ = fmt.Fprintf(out, "Started %s (log: %s).\n", name, filepath.Join(s.LogDir(), name+".log"))
@@ -313,12 +327,9 @@ func Up(ctx context.Context, o Options) (*State, error) {
 	return s, nil
 }
 
-// upKubelet starts the real node (containerd, the kubelet) on the pod bridge,
-// imports the images and waits for the Node to be Ready.
+// upKubelet starts the real node (containerd, the kubelet, kube-proxy) on
+// the pod bridge, imports the images and waits for the Node to be Ready.
 func upKubelet(ctx context.Context, s *State, images []string, out io.Writer) error {
-	if err := netns.EnsureBridge(s.Network()); err != nil {
-		return err
-	}
 	cfg := s.KubeletConfig()
 	started, err := kubelet.Start(ctx, cfg, images)
 	for _, name := range started {
@@ -337,8 +348,10 @@ func (s *State) KubeletConfig() kubelet.Config {
 		StateDir: s.StateDir, AssetsDir: s.AssetsDir, NodeName: s.NodeName, NodeIP: s.Gateway,
 		Bridge: s.Bridge, PodCIDR: s.PodCIDR, ClusterDNS: s.ClusterDNS(),
 		KubeletPort: s.KubeletPort, HealthzPort: s.KubeletHealthzPort,
+		ProxyHealthzPort: s.ProxyHealthzPort, ProxyMetricsPort: s.ProxyMetricsPort, ServiceCIDR: s.ServiceCIDR,
 		PKIDir: s.PKIDir(), Kubeconfig: s.ComponentKubeconfig(controlplane.KubeconfigKubelet),
-		PidDir: s.PidDir(), LogDir: s.LogDir(), PauseBinary: filepath.Join(s.BinDir, "pause"),
+		ProxyKubeconfig: s.ComponentKubeconfig(controlplane.KubeconfigProxy),
+		PidDir:          s.PidDir(), LogDir: s.LogDir(), PauseBinary: filepath.Join(s.BinDir, "pause"),
 		CgroupRoot: "/outbox-local-cluster-" + s.Bridge,
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
@@ -56,7 +57,8 @@ func TestKubeletNodeRunsTheImage(t *testing.T) {
 	defer cancel()
 	opts := cluster.Options{
 		StateDir: dir, RepoDir: repo, PodCIDR: "10.251.0.0/16", ServiceCIDR: "10.98.0.0/16", Bridge: "obxk0",
-		NodeName: "kubelet-node", Node: cluster.NodeKubelet, Images: []string{archive}, Out: testWriter{t},
+		NodeName: "kubelet-node", Node: cluster.NodeKubelet, Images: []string{archive, netcheckArchive(t, repo, dir)},
+		Out: testWriter{t},
 	}
 	if err := kubelet.Preflight(kubelet.Config{AssetsDir: "/nonexistent"}); err != nil && !strings.Contains(err.Error(), "no kubelet") {
 		testenv.Missing(t, "%v", err)
@@ -66,7 +68,7 @@ func TestKubeletNodeRunsTheImage(t *testing.T) {
 	if s != nil {
 		t.Cleanup(func() {
 			if t.Failed() {
-				for _, name := range []string{kubelet.Kubelet, kubelet.Containerd} {
+				for _, name := range []string{kubelet.Kubelet, kubelet.Containerd, kubelet.KubeProxy} {
 					tailLog(t, filepath.Join(s.LogDir(), name+".log"))
 				}
 			}
@@ -119,6 +121,76 @@ func TestKubeletNodeRunsTheImage(t *testing.T) {
 	require.True(t, podNet.Contains(net.ParseIP(pod.Status.PodIP)), "pod IP %s in %s", pod.Status.PodIP, s.PodCIDR)
 	out := execInPod(t, s, cs, ns, "pause", []string{"/pause", "-v"})
 	require.Contains(t, out, "pause")
+
+	// Services, through kube-proxy's rules: the kubernetes Service reaches
+	// the API server with the pod's own token and CA, as an in-cluster
+	// client does (the operator's manager, say).
+	api := restrictedPod("api-check", netcheckImage, []string{"/netcheck", "api"}, corev1.RestartPolicyNever)
+	api.Spec.AutomountServiceAccountToken = ptr.To(true)
+	_, err = cs.CoreV1().Pods(ns).Create(ctx, api, metav1.CreateOptions{})
+	require.NoError(t, err)
+	requirePodSucceeded(t, cs, ns, "api-check", `"gitVersion": "v1.37`)
+
+	// A ClusterIP Service in front of a pod, reached from another pod.
+	web := restrictedPod("web", netcheckImage, []string{"/netcheck", "serve", "8080"}, corev1.RestartPolicyAlways)
+	web.Labels = map[string]string{"app": "web"}
+	_, err = cs.CoreV1().Pods(ns).Create(ctx, web, metav1.CreateOptions{})
+	require.NoError(t, err)
+	svc, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec:       corev1.ServiceSpec{Selector: web.Labels, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	waitPodPhase(t, cs, ns, "web", corev1.PodRunning)
+	_, err = cs.CoreV1().Pods(ns).Create(ctx, restrictedPod("web-check", netcheckImage,
+		[]string{"/netcheck", "get", "http://" + svc.Spec.ClusterIP + "/"}, corev1.RestartPolicyNever), metav1.CreateOptions{})
+	require.NoError(t, err)
+	requirePodSucceeded(t, cs, ns, "web-check", "netcheck web")
+}
+
+// netcheckImage runs test/localcluster/netcheck, the network probe.
+const netcheckImage = "localhost/outbox-local-cluster/netcheck:dev"
+
+// netcheckArchive builds the network probe and packs it into an image
+// archive, which Up imports into the node's containerd.
+func netcheckArchive(t *testing.T, repo, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "netcheck")
+	cmd := exec.Command("go", "build", "-o", bin, "./test/localcluster/netcheck")
+	cmd.Dir = repo
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build netcheck: %s", out)
+	b, err := os.ReadFile(bin)
+	require.NoError(t, err)
+	archive := filepath.Join(dir, "netcheck.oci.tar")
+	require.NoError(t, kubelet.WriteImageArchive(archive, kubelet.Image{
+		Name: netcheckImage, Entrypoint: []string{"/netcheck"}, User: "65532:65532",
+		Files: []kubelet.ImageFile{{Path: "/netcheck", Data: b, Mode: 0o755}},
+	}))
+	return archive
+}
+
+// requirePodSucceeded waits for the pod to succeed and for its log to hold want.
+func requirePodSucceeded(t *testing.T, cs kubernetes.Interface, ns, name, want string) {
+	t.Helper()
+	testenv.EventuallyEvery(t, 250*time.Millisecond, 3*time.Minute, "pod "+name+" Succeeded", func() error {
+		p, err := cs.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if p.Status.Phase == corev1.PodFailed {
+			logs, _ := cs.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).Do(context.Background()).Raw()
+			t.Fatalf("pod %s failed: %v; log:\n%s", name, podState(p), logs)
+		}
+		if p.Status.Phase != corev1.PodSucceeded {
+			return podState(p)
+		}
+		return nil
+	})
+	logs, err := cs.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).Do(context.Background()).Raw()
+	require.NoError(t, err)
+	require.Contains(t, string(logs), want, "pod %s's log", name)
 }
 
 func restrictedPod(name, image string, command []string, restart corev1.RestartPolicy) *corev1.Pod {
@@ -210,6 +282,11 @@ func requireNothingLeft(t *testing.T, s *cluster.State) {
 	}
 	if b, err := exec.Command("iptables", "-t", "nat", "-S").Output(); err == nil {
 		require.NotContains(t, string(b), "CNI-", "CNI iptables chains left behind")
+	}
+	for _, table := range []string{"nat", "filter", "mangle"} {
+		if b, err := exec.Command("iptables", "-t", table, "-S").Output(); err == nil {
+			require.NotContains(t, string(b), "KUBE-", "kube-proxy's chains left behind in the %s table", table)
+		}
 	}
 }
 

@@ -1,7 +1,8 @@
 // Package controlplane runs a real Kubernetes control plane as host processes:
 // etcd, kube-apiserver, kube-controller-manager and kube-scheduler, every one
-// bound to 127.0.0.1, with certificates and kubeconfigs generated on the spot
-// (package pki).
+// bound to 127.0.0.1 (the API server to Config.BindAddress when set: the real
+// node's pods reach it there), with certificates and kubeconfigs generated on
+// the spot (package pki).
 //
 // Each component is started detached (package supervise), its pid recorded in
 // <state>/pids and its output in <state>/logs, so that a later process (the
@@ -46,6 +47,9 @@ const (
 	// KubeconfigKubelet is the real kubelet's: system:node:<name> in
 	// system:nodes, as the Node authorizer and NodeRestriction expect.
 	KubeconfigKubelet = "kubelet-client"
+	// KubeconfigProxy is kube-proxy's: system:kube-proxy, which the default
+	// ClusterRoleBinding system:node-proxier grants what it reads.
+	KubeconfigProxy = "kube-proxy"
 )
 
 // systemMasters is the group the API server grants every permission; the
@@ -66,6 +70,11 @@ type Config struct {
 	// endpoints. It may not be loopback; the local cluster uses the pod
 	// network's gateway, which its service proxy maps to the host's 127.0.0.1.
 	AdvertiseAddress string
+	// BindAddress is where the API server listens (default 127.0.0.1). The
+	// real node sets it to AdvertiseAddress, the host's address on the pod
+	// bridge: kube-proxy sends the kubernetes Service's traffic there, and a
+	// pod cannot reach the host's loopback.
+	BindAddress string `json:",omitempty"`
 
 	EtcdPort, EtcdPeerPort, APIServerPort, ControllerManagerPort, SchedulerPort int
 }
@@ -82,7 +91,20 @@ func (c Config) ComponentKubeconfig(name string) string {
 }
 
 // Server is the API server's URL.
-func (c Config) Server() string { return "https://127.0.0.1:" + strconv.Itoa(c.APIServerPort) }
+func (c Config) Server() string {
+	return "https://" + net.JoinHostPort(c.apiServerAddress(), strconv.Itoa(c.APIServerPort))
+}
+
+// apiServerAddress is the API server's BindAddress, 127.0.0.1 by default.
+func (c Config) apiServerAddress() string {
+	if c.BindAddress != "" {
+		return c.BindAddress
+	}
+	return loopback
+}
+
+// loopback is where every component but the API server listens.
+const loopback = "127.0.0.1"
 
 // Certs lists every certificate of the cluster. The node's serving certificate
 // is for the kubelet API on 127.0.0.1, where the API server reaches it for logs.
@@ -90,7 +112,7 @@ func (c Config) Certs() []pki.Cert {
 	return []pki.Cert{
 		{Name: "apiserver", CommonName: "kube-apiserver", Server: true,
 			DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-			IPs:      []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(c.ServiceIP)}},
+			IPs:      []net.IP{net.ParseIP(loopback), net.ParseIP(c.ServiceIP), net.ParseIP(c.AdvertiseAddress)}},
 		{Name: "apiserver-kubelet-client", CommonName: "kube-apiserver-kubelet-client", Organizations: []string{systemMasters}, Client: true},
 		{Name: "admin", CommonName: "local-admin", Organizations: []string{systemMasters}, Client: true},
 		{Name: KubeconfigControllerManager, CommonName: "system:kube-controller-manager", Client: true},
@@ -100,6 +122,7 @@ func (c Config) Certs() []pki.Cert {
 		// authorizer does not grant (docs/local-cluster.md).
 		{Name: KubeconfigNode, CommonName: "system:node-admin:" + c.NodeName, Organizations: []string{systemMasters}, Client: true},
 		{Name: KubeconfigKubelet, CommonName: "system:node:" + c.NodeName, Organizations: []string{"system:nodes"}, Client: true},
+		{Name: KubeconfigProxy, CommonName: "system:kube-proxy", Client: true},
 		// The kubelet API: on 127.0.0.1 for the process node, on the node's
 		// address (the pod network's gateway) for the real kubelet.
 		{Name: "kubelet", CommonName: c.NodeName, Server: true,
@@ -128,7 +151,7 @@ func Prepare(c Config) error {
 	if err := writeKubeconfig(c, c.Kubeconfig(), "admin"); err != nil {
 		return err
 	}
-	for _, name := range []string{KubeconfigControllerManager, KubeconfigScheduler, KubeconfigNode, KubeconfigKubelet} {
+	for _, name := range []string{KubeconfigControllerManager, KubeconfigScheduler, KubeconfigNode, KubeconfigKubelet, KubeconfigProxy} {
 		if err := writeKubeconfig(c, c.ComponentKubeconfig(name), name); err != nil {
 			return err
 		}
@@ -149,7 +172,7 @@ func writeKubeconfig(c Config, path, certName string) error {
 func (c Config) spec(name string) supervise.Spec {
 	p := func(f string) string { return filepath.Join(c.PKIDir(), f) }
 	ca := p(pki.CACert)
-	loop := "127.0.0.1"
+	loop := loopback
 	switch name {
 	case Etcd:
 		client := "http://" + net.JoinHostPort(loop, strconv.Itoa(c.EtcdPort))
@@ -167,7 +190,7 @@ func (c Config) spec(name string) supervise.Spec {
 		issuer := "https://kubernetes.default.svc.cluster.local"
 		return supervise.Spec{Name: name, Path: filepath.Join(c.AssetsDir, "kube-apiserver"), Args: []string{
 			"--etcd-servers=http://" + net.JoinHostPort(loop, strconv.Itoa(c.EtcdPort)),
-			"--bind-address=" + loop, "--advertise-address=" + c.AdvertiseAddress,
+			"--bind-address=" + c.apiServerAddress(), "--advertise-address=" + c.AdvertiseAddress,
 			"--secure-port=" + strconv.Itoa(c.APIServerPort),
 			"--tls-cert-file=" + cert, "--tls-private-key-file=" + key,
 			"--client-ca-file=" + ca,
@@ -272,7 +295,7 @@ func waitHealthy(ctx context.Context, c Config, name string) error {
 		client.Transport = &http.Transport{TLSClientConfig: &tls.Config{ //nolint:gosec // loopback health check
 			Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true,
 		}}
-		url = fmt.Sprintf("https://127.0.0.1:%d/readyz", c.APIServerPort)
+		url = c.Server() + "/readyz"
 	case ControllerManager, Scheduler:
 		port := c.ControllerManagerPort
 		if name == Scheduler {

@@ -1,15 +1,17 @@
 // Package kubelet runs the local cluster's real node: containerd 1.6 with its
 // CRI plugin and runc, pod networking from the standard CNI plugins (bridge,
-// host-local, loopback, portmap) and a kubelet built from k8s.io/kubernetes,
-// registered as system:node:<name> like the node of any cluster. Pods are
+// host-local, loopback, portmap), a kubelet built from k8s.io/kubernetes,
+// registered as system:node:<name> like the node of any cluster, and
+// kube-proxy in iptables mode for Services. Pods are
 // real containers of real images: the project's image built from its
 // Dockerfile (make image-offline) and a pause image made here.
 //
 // Every file the node writes lives under <state>/node; every process is
 // recorded by pid (package supervise); Stop removes the pods through the CRI
 // (so the CNI plugins release their addresses and namespaces), stops the
-// kubelet and containerd, kills any shim left, unmounts what is still mounted
-// under the state dir and removes the node's cgroups and iptables chains.
+// kubelet, kube-proxy and containerd, kills any shim left, unmounts what is
+// still mounted under the state dir and removes the node's cgroups and
+// iptables chains (kube-proxy --cleanup removes its own).
 //
 // The three settings this kind of machine needs (TESTING.md): the kubelet
 // accepts the hybrid cgroup v1 hierarchy (failCgroupV1: false, the cgroupfs
@@ -29,6 +31,7 @@ import (
 const (
 	Containerd = "containerd"
 	Kubelet    = "kubelet"
+	KubeProxy  = "kube-proxy"
 )
 
 // PauseImage is the sandbox image, made by WritePauseArchive: never pulled.
@@ -39,6 +42,10 @@ const CRINamespace = "k8s.io"
 
 // CNIBinDir holds Debian's CNI plugins (containernetworking-plugins).
 const CNIBinDir = "/usr/lib/cni"
+
+// iptables is the program (and its Debian package) that kube-proxy, the
+// CNI plugins and Stop use, and kube-proxy's mode.
+const iptables = "iptables"
 
 // cniType is the key of a CNI plugin's configuration that names the plugin.
 const cniType = "type"
@@ -69,11 +76,17 @@ type Config struct {
 	KubeletPort int
 	// HealthzPort is the kubelet's /healthz on 127.0.0.1.
 	HealthzPort int
+	// ServiceCIDR is the Services' range; ProxyHealthzPort and
+	// ProxyMetricsPort are kube-proxy's, on 127.0.0.1.
+	ServiceCIDR                        string
+	ProxyHealthzPort, ProxyMetricsPort int
 	// PKIDir holds ca.crt and the kubelet's serving certificate (kubelet.crt).
 	PKIDir string
-	// Kubeconfig is the kubelet's (system:node:<NodeName>).
-	Kubeconfig     string
-	PidDir, LogDir string
+	// Kubeconfig is the kubelet's (system:node:<NodeName>), ProxyKubeconfig
+	// kube-proxy's (system:kube-proxy).
+	Kubeconfig      string
+	ProxyKubeconfig string
+	PidDir, LogDir  string
 	// PauseBinary is the sandbox's program (test/localcluster/pause, built
 	// static), packed into PauseImage by Start.
 	PauseBinary string
@@ -97,6 +110,7 @@ func (c Config) cniConfDir() string        { return filepath.Join(c.Dir(), "cni"
 func (c Config) kubeletConfigPath() string { return filepath.Join(c.Dir(), "kubelet", "config.yaml") }
 func (c Config) kubeletRootDir() string    { return filepath.Join(c.Dir(), "kubelet", "root") }
 func (c Config) resolvConfPath() string    { return filepath.Join(c.Dir(), "kubelet", "resolv.conf") }
+func (c Config) proxyConfigPath() string   { return filepath.Join(c.Dir(), "kube-proxy", "config.yaml") }
 func (c Config) cgroupRoot() string {
 	if c.CgroupRoot != "" {
 		return c.CgroupRoot
@@ -144,15 +158,17 @@ func (c Config) containerdConfig() string {
 
 // cniConfig is the pod network's conflist: the bridge plugin on the cluster's
 // bridge with host-local addresses from PodCIDR (its state under the node's
-// dir) and the bridge's address as the pods' gateway, then portmap for
-// hostPort. No masquerading: pods reach only the machine itself.
+// dir) and the bridge's address as the pods' default gateway (Service
+// addresses are not on the bridge: kube-proxy's rules on the host translate
+// them), then portmap for hostPort. No masquerading: pods reach only the
+// machine itself.
 func (c Config) cniConfig() ([]byte, error) {
 	conf := map[string]any{
 		"cniVersion": "0.4.0",
 		"name":       "outbox-local-cluster",
 		"plugins": []any{
 			map[string]any{
-				cniType: "bridge", "bridge": c.Bridge, "isGateway": true, "ipMasq": false,
+				cniType: "bridge", "bridge": c.Bridge, "isGateway": true, "isDefaultGateway": true, "ipMasq": false,
 				"hairpinMode": true,
 				"ipam": map[string]any{
 					cniType:   "host-local",
@@ -224,6 +240,39 @@ func (c Config) kubeletArgs() []string {
 		"--hostname-override=" + c.NodeName,
 		"--v=1",
 	}
+}
+
+// proxyConfig is kube-proxy's KubeProxyConfiguration: iptables mode, the
+// pod range as the cluster's (traffic from elsewhere, the host's, is
+// masqueraded), health and metrics on loopback, NodePorts on the node's
+// address only. It changes no sysctl: conntrack's limits and timeouts are
+// left as the host has them, and localhost NodePorts (which need
+// route_localnet) are off.
+func (c Config) proxyConfig() ([]byte, error) {
+	loop := "127.0.0.1:"
+	conf := map[string]any{
+		"apiVersion":         "kubeproxy.config.k8s.io/v1alpha1",
+		"kind":               "KubeProxyConfiguration",
+		"clientConnection":   map[string]any{"kubeconfig": c.ProxyKubeconfig},
+		"mode":               iptables,
+		"clusterCIDR":        c.PodCIDR,
+		"hostnameOverride":   c.NodeName,
+		"bindAddress":        c.NodeIP,
+		"healthzBindAddress": loop + strconv.Itoa(c.ProxyHealthzPort),
+		"metricsBindAddress": loop + strconv.Itoa(c.ProxyMetricsPort),
+		"nodePortAddresses":  []string{c.NodeIP + "/32"},
+		"iptables":           map[string]any{"localhostNodePorts": false, "masqueradeAll": false},
+		"conntrack": map[string]any{
+			"maxPerCore": 0, "min": 0,
+			"tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s",
+		},
+	}
+	return json.MarshalIndent(conf, "", "  ")
+}
+
+// proxyArgs are kube-proxy's flags; everything else is in its config file.
+func (c Config) proxyArgs() []string {
+	return []string{"--config=" + c.proxyConfigPath(), "--v=1"}
 }
 
 // String is for error messages.

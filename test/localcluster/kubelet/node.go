@@ -27,7 +27,7 @@ var packages = []struct{ path, pkg string }{
 	{"containerd-shim-runc-v2", pkgContainerd},
 	{"ctr", pkgContainerd},
 	{"runc", "runc"},
-	{"iptables", "iptables"},
+	{iptables, iptables},
 	{filepath.Join(CNIBinDir, "bridge"), pkgCNI},
 	{filepath.Join(CNIBinDir, "host-local"), pkgCNI},
 	{filepath.Join(CNIBinDir, "loopback"), pkgCNI},
@@ -68,8 +68,10 @@ func Preflight(c Config) error {
 	if len(missing) > 0 {
 		errs = append(errs, fmt.Errorf("the real node needs %s: apt-get install -y %s", strings.Join(missing, ", "), strings.Join(missing, " ")))
 	}
-	if _, err := os.Stat(filepath.Join(c.AssetsDir, "kubelet")); err != nil {
-		errs = append(errs, fmt.Errorf("no kubelet in %s: hack/setup-envtest.sh --with-node builds it", c.AssetsDir))
+	for _, bin := range []string{Kubelet, KubeProxy} {
+		if _, err := os.Stat(filepath.Join(c.AssetsDir, bin)); err != nil {
+			errs = append(errs, fmt.Errorf("no %s in %s: hack/setup-envtest.sh --with-node builds it", bin, c.AssetsDir))
+		}
 	}
 	for _, ctl := range cgroupControllers {
 		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctl, "cgroup.procs")); err != nil {
@@ -122,6 +124,13 @@ func Start(ctx context.Context, c Config, images []string) (started []string, er
 		}
 		started = append(started, Kubelet)
 	}
+	if _, alive := supervise.AliveFromFile(filepath.Join(c.PidDir, KubeProxy+".pid")); !alive {
+		if _, err := supervise.Start(supervise.Spec{Name: KubeProxy, Path: filepath.Join(c.AssetsDir, KubeProxy),
+			Args: c.proxyArgs()}, c.PidDir, c.LogDir); err != nil {
+			return started, err
+		}
+		started = append(started, KubeProxy)
+	}
 	return started, nil
 }
 
@@ -134,7 +143,7 @@ func KubeletAlive(c Config) bool {
 // Running reports, per process of the node, whether it is alive.
 func Running(c Config) map[string]bool {
 	m := map[string]bool{}
-	for _, name := range []string{Containerd, Kubelet} {
+	for _, name := range []string{Containerd, Kubelet, KubeProxy} {
 		_, m[name] = supervise.AliveFromFile(filepath.Join(c.PidDir, name+".pid"))
 	}
 	return m
@@ -156,10 +165,15 @@ func writeConfigs(c Config) error {
 	if err != nil {
 		return err
 	}
+	proxy, err := c.proxyConfig()
+	if err != nil {
+		return err
+	}
 	files := map[string][]byte{
 		c.containerdConfigPath():                            []byte(c.containerdConfig()),
 		filepath.Join(c.cniConfDir(), "10-outbox.conflist"): cni,
 		c.kubeletConfigPath():                               kubelet,
+		c.proxyConfigPath():                                 proxy,
 		// Pods of dnsPolicy Default get this; ClusterFirst pods get ClusterDNS.
 		c.resolvConfPath(): []byte("# The local cluster's node: no upstream resolver (no traffic leaves the machine).\noptions ndots:1\n"),
 	}
@@ -229,6 +243,8 @@ func waitContainerd(ctx context.Context, c Config) error {
 // systems), stops the kubelet first so that it starts nothing new, then
 // containerd, kills any shim or container process left in the node's cgroups,
 // unmounts what is still mounted under the state dir and removes the cgroups.
+// kube-proxy goes last of the node's processes, then removes its rules
+// (kube-proxy --cleanup): no Service rule outlives the cluster.
 func Stop(c Config) error {
 	errs := []error{supervise.Stop(filepath.Join(c.PidDir, Kubelet+".pid"), 30*time.Second)}
 	if _, alive := supervise.AliveFromFile(filepath.Join(c.PidDir, Containerd+".pid")); alive {
@@ -236,6 +252,8 @@ func Stop(c Config) error {
 	}
 	errs = append(errs,
 		supervise.Stop(filepath.Join(c.PidDir, Containerd+".pid"), 20*time.Second),
+		supervise.Stop(filepath.Join(c.PidDir, KubeProxy+".pid"), 20*time.Second),
+		cleanupProxyRules(c),
 		killShims(c),
 		killCgroup(c.cgroupRoot()),
 		unmountUnder(c.StateDir),
@@ -243,6 +261,23 @@ func Stop(c Config) error {
 		removeIPTablesChains(),
 	)
 	return errors.Join(errs...)
+}
+
+// cleanupProxyRules runs kube-proxy --cleanup, which deletes every chain and
+// rule kube-proxy made (KUBE-SERVICES, KUBE-SVC-*, ...), when there are any.
+func cleanupProxyRules(c Config) error {
+	bin := filepath.Join(c.AssetsDir, KubeProxy)
+	if _, err := os.Stat(bin); err != nil {
+		return nil //nolint:nilerr // never started: no rules
+	}
+	b, err := exec.Command(iptables, "-t", "nat", "-S").Output()
+	if err != nil || !strings.Contains(string(b), "KUBE-") {
+		return nil //nolint:nilerr // no iptables, or nothing of kube-proxy's
+	}
+	if out, err := exec.Command(bin, "--cleanup", "--v=1").CombinedOutput(); err != nil {
+		return fmt.Errorf("kube-proxy --cleanup: %w\n%s", err, out)
+	}
+	return nil
 }
 
 // removeSandboxes stops and removes every pod sandbox containerd's CRI holds.
@@ -379,31 +414,49 @@ func unmountUnder(dir string) error {
 }
 
 // removeIPTablesChains removes the chains the CNI portmap plugin creates
-// (CNI-HOSTPORT-*, CNI-DN-*) from the nat table, when there are any.
+// (CNI-HOSTPORT-*, CNI-DN-*) from the nat table, and the chains kube-proxy
+// --cleanup empties but keeps (KUBE-FIREWALL in the filter table), with the
+// jumps into them from the built-in chains. A KUBE- chain that still has
+// rules is not this cluster's leftover and is kept.
 func removeIPTablesChains() error {
-	b, err := exec.Command("iptables", "-t", "nat", "-S").Output()
+	return errors.Join(
+		removeChains("nat", func(chain string, _ int) bool { return strings.HasPrefix(chain, "CNI-") }),
+		removeChains("filter", func(chain string, rules int) bool { return strings.HasPrefix(chain, "KUBE-") && rules == 0 }),
+	)
+}
+
+// removeChains deletes, in one iptables table, the chains that remove
+// selects (given each chain's name and number of rules), with every rule
+// of the other chains that jumps into them.
+func removeChains(table string, remove func(chain string, rules int) bool) error {
+	b, err := exec.Command(iptables, "-t", table, "-S").Output()
 	if err != nil {
 		return nil //nolint:nilerr // no iptables: nothing was added
 	}
-	var rules [][]string
 	var chains []string
+	rules := map[string]int{}
+	var lines [][]string
 	for _, line := range strings.Split(string(b), "\n") {
 		f := splitRule(line)
 		switch {
-		case len(f) >= 2 && f[0] == "-N" && strings.HasPrefix(f[1], "CNI-"):
+		case len(f) >= 2 && f[0] == "-N":
 			chains = append(chains, f[1])
-		case len(f) >= 2 && f[0] == "-A" && !strings.HasPrefix(f[1], "CNI-") && strings.Contains(line, "CNI-"):
-			rules = append(rules, f[1:])
+		case len(f) >= 2 && f[0] == "-A":
+			rules[f[1]]++
+			lines = append(lines, f)
 		}
 	}
+	chains = slices.DeleteFunc(chains, func(ch string) bool { return !remove(ch, rules[ch]) })
 	var errs []error
 	run := func(args ...string) {
-		if out, err := exec.Command("iptables", append([]string{"-t", "nat"}, args...)...).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("iptables -t nat %s: %w: %s", strings.Join(args, " "), err, out))
+		if out, err := exec.Command(iptables, append([]string{"-t", table}, args...)...).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("iptables -t %s %s: %w: %s", table, strings.Join(args, " "), err, out))
 		}
 	}
-	for _, r := range rules { // the jumps into the chains, from the built-in chains
-		run(append([]string{"-D"}, r...)...)
+	for _, f := range lines { // the jumps into the chains, from the others
+		if !slices.Contains(chains, f[1]) && slices.ContainsFunc(f[2:], func(w string) bool { return slices.Contains(chains, w) }) {
+			run(append([]string{"-D"}, f[1:]...)...)
+		}
 	}
 	for _, ch := range chains { // then the chains: emptied, then deleted
 		run("-F", ch)
