@@ -29,7 +29,8 @@ DIST ?= dist
 # The Go workspace (go.work): the product module (.), the tools of hack/ and the
 # test infrastructure of test/, each a module of its own so that the product's
 # go.mod lists only what the product uses (docs/development.md, "Modules").
-# test/monitoring stays outside the workspace (the Prometheus module's graph).
+# test/monitoring and test/localcluster/coredns stay outside the workspace (the
+# Prometheus and CoreDNS modules' graphs), built with GOWORK=off.
 GO_MODULES := . hack test
 GO_PACKAGES := ./... ./hack/... ./test/...
 
@@ -126,7 +127,9 @@ vet: ## Run go vet against code.
 
 # lint covers every module: the workspace's (GO_MODULES) and test/monitoring
 # (outside the workspace: GOWORK=off), each from its own directory; all find
-# .golangci.yml in the parent directories.
+# .golangci.yml in the parent directories. test/localcluster/coredns, one
+# main.go of imports, is left out: loading CoreDNS's packages for the linters
+# took five minutes here; hack/setup-envtest.sh --with-node compiles it.
 .PHONY: lint
 lint: golangci-lint ## Run golangci-lint (.golangci.yml) on every module.
 	for m in $(GO_MODULES); do (cd "$$m" && "$(GOLANGCI_LINT)" run) || exit 1; done

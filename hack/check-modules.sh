@@ -3,7 +3,8 @@
 # run by CI before anything else):
 #
 #  1. every module is tidy (go mod tidy -diff): the product (.), hack, test and
-#     test/monitoring; a stale go.mod or go.sum fails with the command to fix it;
+#     test/monitoring and test/localcluster/coredns (the last two outside the
+#     workspace); a stale go.mod or go.sum fails with the command to fix it;
 #  2. the workspace (go.work: ., hack, test) builds the product with the same
 #     versions as the product module alone: for every package that the
 #     product's code and tests import, the module version chosen in workspace
@@ -20,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fail=0
-for m in . hack test test/monitoring; do
+for m in . hack test test/monitoring test/localcluster/coredns; do
 	if ! (cd "$m" && GOWORK=off go mod tidy -diff); then
 		echo "check-modules: $m/go.mod or go.sum is not tidy: run 'cd $m && GOWORK=off go mod tidy' and commit the result." >&2
 		fail=1

@@ -4,9 +4,10 @@
 #
 # Usage: hack/setup-envtest.sh [--with-control-plane] [--with-node]
 #
-# --with-node adds the kubelet and kube-proxy of the local cluster's real node
-# and implies --with-control-plane. setup-envtest never ships them; they are
-# always built from the Go modules.
+# --with-node adds the kubelet, kube-proxy and CoreDNS of the local cluster's
+# real node and implies --with-control-plane. setup-envtest never ships them;
+# they are always built from the Go modules (CoreDNS from this repo's module
+# test/localcluster/coredns, at the version its go.mod requires).
 #
 # Prints exactly one line on stdout: the directory to use as KUBEBUILDER_ASSETS.
 # All progress goes to stderr, so this works:
@@ -80,6 +81,8 @@ fi
 if $with_node; then
 	k8s_bins+=(kubelet kube-proxy)
 fi
+COREDNS_MODULE="$REPO_ROOT/test/localcluster/coredns"
+COREDNS_VERSION="$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { print $3 }' "$COREDNS_MODULE/go.mod")"
 
 # --- cache checks -----------------------------------------------------------
 
@@ -104,8 +107,17 @@ etcd_ok() {
 	fi
 }
 
+# coredns_ok: CoreDNS exists and reports the version test/localcluster/coredns requires.
+coredns_ok() {
+	local bin="$ENVTEST_DIR/coredns" out
+	[[ -x "$bin" ]] || return 1
+	out="$(timeout 30 "$bin" -version 2>/dev/null | head -1)" || return 1
+	[[ "$out" == "CoreDNS-${COREDNS_VERSION#v}" ]]
+}
+
 missing_k8s=()
 missing_etcd=false
+missing_coredns=false
 check_cache() {
 	missing_k8s=()
 	local b
@@ -114,6 +126,10 @@ check_cache() {
 	done
 	missing_etcd=false
 	etcd_ok || missing_etcd=true
+	missing_coredns=false
+	if $with_node && ! coredns_ok; then
+		missing_coredns=true
+	fi
 }
 
 finish() {
@@ -123,7 +139,7 @@ finish() {
 }
 
 check_cache
-if [[ ${#missing_k8s[@]} -eq 0 ]] && ! $missing_etcd; then
+if [[ ${#missing_k8s[@]} -eq 0 ]] && ! $missing_etcd && ! $missing_coredns; then
 	log "cached: Kubernetes v$K8S_VERSION binaries in $ENVTEST_DIR"
 	finish
 fi
@@ -142,7 +158,7 @@ if command -v flock >/dev/null 2>&1; then
 		flock 9
 	fi
 	check_cache
-	if [[ ${#missing_k8s[@]} -eq 0 ]] && ! $missing_etcd; then
+	if [[ ${#missing_k8s[@]} -eq 0 ]] && ! $missing_etcd && ! $missing_coredns; then
 		finish
 	fi
 	# Holding the lock, any staging directory left here is from a killed run.
@@ -302,17 +318,28 @@ build_etcd() {
 	install_bin etcd
 }
 
+build_coredns() {
+	log "building CoreDNS $COREDNS_VERSION from $COREDNS_MODULE (~2 min on 2 cores)"
+	# A module of its own, outside go.work: its graph never meets the product's.
+	(cd "$COREDNS_MODULE" && GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$stage/coredns" .) ||
+		die "building CoreDNS failed (see the go output above)"
+	install_bin coredns
+}
+
 start=$SECONDS
 if $missing_etcd; then
 	build_etcd
+fi
+if $missing_coredns; then
+	build_coredns
 fi
 if [[ ${#missing_k8s[@]} -gt 0 ]]; then
 	build_k8s "${missing_k8s[@]}"
 fi
 
 check_cache
-if [[ ${#missing_k8s[@]} -gt 0 ]] || $missing_etcd; then
-	die "after building, still missing or wrong version in $ENVTEST_DIR: ${missing_k8s[*]} $($missing_etcd && echo etcd)"
+if [[ ${#missing_k8s[@]} -gt 0 ]] || $missing_etcd || $missing_coredns; then
+	die "after building, still missing or wrong version in $ENVTEST_DIR: ${missing_k8s[*]} $($missing_etcd && echo etcd) $($missing_coredns && echo coredns)"
 fi
 log "done in $((SECONDS - start)) s"
 finish

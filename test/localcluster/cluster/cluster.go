@@ -328,7 +328,8 @@ func Up(ctx context.Context, o Options) (*State, error) {
 }
 
 // upKubelet starts the real node (containerd, the kubelet, kube-proxy) on
-// the pod bridge, imports the images and waits for the Node to be Ready.
+// the pod bridge, imports the images, waits for the Node to be Ready, then
+// installs the cluster DNS add-on (CoreDNS) and waits for it.
 func upKubelet(ctx context.Context, s *State, images []string, out io.Writer) error {
 	cfg := s.KubeletConfig()
 	started, err := kubelet.Start(ctx, cfg, images)
@@ -339,7 +340,14 @@ func upKubelet(ctx context.Context, s *State, images []string, out io.Writer) er
 		return err
 	}
 	pid, _ := supervise.AliveFromFile(filepath.Join(s.PidDir(), kubelet.Kubelet+".pid"))
-	return waitNodeReady(ctx, s, pid, kubelet.Kubelet)
+	if err := waitNodeReady(ctx, s, pid, kubelet.Kubelet); err != nil {
+		return err
+	}
+	cs, err := s.Client()
+	if err != nil {
+		return err
+	}
+	return kubelet.EnsureDNS(ctx, cs, cfg)
 }
 
 // KubeletConfig is the shape of the real node (Node == NodeKubelet).

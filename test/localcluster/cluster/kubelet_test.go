@@ -146,6 +146,17 @@ func TestKubeletNodeRunsTheImage(t *testing.T) {
 		[]string{"/netcheck", "get", "http://" + svc.Spec.ClusterIP + "/"}, corev1.RestartPolicyNever), metav1.CreateOptions{})
 	require.NoError(t, err)
 	requirePodSucceeded(t, cs, ns, "web-check", "netcheck web")
+
+	// Cluster DNS: CoreDNS behind kube-dns answers for the Service's name,
+	// and the pod's search path resolves the short one.
+	_, err = cs.CoreV1().Pods(ns).Create(ctx, restrictedPod("dns-check", netcheckImage,
+		[]string{"/netcheck", "lookup", "web." + ns + ".svc.cluster.local"}, corev1.RestartPolicyNever), metav1.CreateOptions{})
+	require.NoError(t, err)
+	requirePodSucceeded(t, cs, ns, "dns-check", svc.Spec.ClusterIP)
+	_, err = cs.CoreV1().Pods(ns).Create(ctx, restrictedPod("dns-web-check", netcheckImage,
+		[]string{"/netcheck", "get", "http://web/"}, corev1.RestartPolicyNever), metav1.CreateOptions{})
+	require.NoError(t, err)
+	requirePodSucceeded(t, cs, ns, "dns-web-check", "netcheck web")
 }
 
 // netcheckImage runs test/localcluster/netcheck, the network probe.

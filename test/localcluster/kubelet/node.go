@@ -68,7 +68,7 @@ func Preflight(c Config) error {
 	if len(missing) > 0 {
 		errs = append(errs, fmt.Errorf("the real node needs %s: apt-get install -y %s", strings.Join(missing, ", "), strings.Join(missing, " ")))
 	}
-	for _, bin := range []string{Kubelet, KubeProxy} {
+	for _, bin := range []string{Kubelet, KubeProxy, "coredns"} {
 		if _, err := os.Stat(filepath.Join(c.AssetsDir, bin)); err != nil {
 			errs = append(errs, fmt.Errorf("no %s in %s: hack/setup-envtest.sh --with-node builds it", bin, c.AssetsDir))
 		}
@@ -112,7 +112,11 @@ func Start(ctx context.Context, c Config, images []string) (started []string, er
 	if err := writePauseArchive(c.PauseBinary, pause); err != nil {
 		return started, err
 	}
-	for _, archive := range append([]string{pause}, images...) {
+	coreDNS := filepath.Join(c.Dir(), "images", "coredns.oci.tar")
+	if err := writeCoreDNSArchive(c.coreDNSBinary(), coreDNS); err != nil {
+		return started, err
+	}
+	for _, archive := range append([]string{pause, coreDNS}, images...) {
 		if err := ImportImage(ctx, c, archive); err != nil {
 			return started, err
 		}
