@@ -48,7 +48,8 @@ func (s *connSet) startDial() {
 // closedOne.
 func (s *connSet) endDial() { s.dialing-- }
 
-// closedOne counts a connection closed, or a dial that failed.
+// closedOne counts a connection closed (its socket closed), or a dial that
+// failed.
 func (s *connSet) closedOne() {
 	s.open--
 	s.signal()

@@ -6,10 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
@@ -192,20 +195,27 @@ func (m *PoolMeasurer) Connect(ctx context.Context, key types.NamespacedName, ta
 	}
 	m.hold(key, pk)
 	for {
-		pg, dial, wait, err := m.reserve(pk)
+		pg, dial, evicted, wait, err := m.reserve(pk)
 		switch {
 		case err != nil:
 			return nil, err
+		case evicted != nil:
+			// Closed to make room: look again, now that its slot is free.
+			m.closeConns(evicted)
+			continue
 		case pg != nil:
 			if m.cfg.Now().Sub(pg.since) > time.Second {
 				if err := pg.conn.Ping(ctx); err != nil {
-					m.discard(pk, pg.conn)
+					m.closeConns(pg)
 					continue
 				}
 			}
 			return &poolConn{m: m, pool: pk, conn: pg.conn, table: target.Table, stream: target.Stream}, nil
 		case dial:
+			d := &connDialer{m: m, next: cfg.DialFunc}
+			cfg.DialFunc = d.dial
 			conn, err := pgx.ConnectConfig(ctx, cfg)
+			d.established.Store(true)
 			m.dialDone(pk, err == nil)
 			if err != nil {
 				// Whether refused, silent or misnamed, it is one thing to
@@ -253,40 +263,30 @@ func (m *PoolMeasurer) connConfig(dsn string) (*pgx.ConnConfig, error) {
 }
 
 // reserve finds the relay's connection under the lock: an idle one of pool
-// pk, or room to dial one (dial), or a channel closed when a connection is
-// given back (wait). A connection of another pool closed to make room is
-// closed here, outside the lock.
-func (m *PoolMeasurer) reserve(pk string) (idle *idleConn, dial bool, wait <-chan struct{}, err error) {
+// pk, or room to dial one (dial), or another pool's idle connection to close
+// for room (evicted, then look again), or a channel closed when a
+// connection is given back or closed (wait).
+func (m *PoolMeasurer) reserve(pk string) (idle *idleConn, dial bool, evicted *idleConn, wait <-chan struct{}, err error) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.conns.closed {
-		m.mu.Unlock()
-		return nil, false, nil, errMeasurerClosed
+		return nil, false, nil, nil, errMeasurerClosed
 	}
 	p := m.poolLocked(pk)
 	if idle = m.conns.takeIdle(pk); idle != nil {
-		m.mu.Unlock()
-		return idle, false, nil, nil
+		return idle, false, nil, nil, nil
 	}
-	var evicted *idleConn
 	if p.open < int(m.cfg.MaxConns) {
-		if m.conns.full() {
-			evicted = m.conns.evict()
-			if evicted != nil {
-				m.closedLocked(evicted.pool)
-			}
-		}
 		if !m.conns.full() {
 			p.open++
 			m.conns.startDial()
-			dial = true
+			return nil, true, nil, nil, nil
+		}
+		if evicted = m.conns.evict(); evicted != nil {
+			return nil, false, evicted, nil, nil
 		}
 	}
-	if !dial {
-		wait = m.conns.waitStart()
-	}
-	m.mu.Unlock()
-	evicted.close()
-	return nil, dial, wait, nil
+	return nil, false, nil, m.conns.waitStart(), nil
 }
 
 // dialDone accounts for a dial that ended, and for its connection if it
@@ -312,51 +312,120 @@ func (m *PoolMeasurer) waitFailed(pk string, err error) error {
 	return fmt.Errorf("connecting: %w: %w", errNoConnSlot, err)
 }
 
-// discard closes a connection taken from the idle ones that turned out
-// dead.
-func (m *PoolMeasurer) discard(pk string, conn *pgx.Conn) {
+// closeConns closes connections taken out of the idle ones, or given back,
+// then counts them closed: a connection counts against MaxOpenConns until
+// its sockets are closed. pgconn closes a connection whose query was
+// interrupted in the background (a cancel request, then draining, for up to
+// 15 s): such a one is counted closed when that ends.
+func (m *PoolMeasurer) closeConns(conns ...*idleConn) {
+	closed := make([]*idleConn, 0, len(conns))
+	for _, ic := range conns {
+		ic.close()
+		done := ic.conn.PgConn().CleanupDone()
+		select {
+		case <-done:
+			closed = append(closed, ic)
+		default:
+			go func() {
+				<-done
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				m.closedLocked(ic.pool)
+			}()
+		}
+	}
+	if len(closed) == 0 {
+		return
+	}
 	m.mu.Lock()
-	m.closedLocked(pk)
-	m.mu.Unlock()
-	closeConn(conn)
+	defer m.mu.Unlock()
+	for _, ic := range closed {
+		m.closedLocked(ic.pool)
+	}
+}
+
+// connDialer dials for one connection. Its first socket, and those of the
+// attempts of the same connect (each made after the previous one closed),
+// use the slot reserve took; a later dial, pgconn's cancel request after an
+// interrupted query, opens a second socket while the first is open, and
+// needs a free slot of its own at once, or is not made.
+type connDialer struct {
+	m           *PoolMeasurer
+	next        pgconn.DialFunc
+	established atomic.Bool
+}
+
+func (d *connDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if !d.established.Load() {
+		return d.next(ctx, network, addr)
+	}
+	if !d.m.takeExtraSlot() {
+		return nil, errNoConnSlot
+	}
+	conn, err := d.next(ctx, network, addr)
+	if err != nil {
+		d.m.releaseExtraSlot()
+		return nil, err
+	}
+	return &slotConn{Conn: conn, release: d.m.releaseExtraSlot}, nil
+}
+
+// takeExtraSlot takes a connection slot if one is free, without waiting.
+func (m *PoolMeasurer) takeExtraSlot() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.conns.closed || m.conns.full() {
+		return false
+	}
+	m.conns.open++
+	return true
+}
+
+// releaseExtraSlot gives back what takeExtraSlot took.
+func (m *PoolMeasurer) releaseExtraSlot() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.conns.closedOne()
+}
+
+// slotConn gives its slot back once closed.
+type slotConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *slotConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
 }
 
 // giveBack takes back the connection of a finished check: idle, for the
 // next check of its pool, when the check succeeded and the pool is still
 // held; closed otherwise.
 func (m *PoolMeasurer) giveBack(pk string, conn *pgx.Conn, ok bool) {
+	ic := &idleConn{conn: conn, pool: pk, since: m.cfg.Now()}
 	m.mu.Lock()
 	p := m.pools[pk]
 	keep := ok && !conn.IsClosed() && !m.conns.closed && p != nil && p.refs > 0
 	var expired []*idleConn
 	if keep {
-		expired = m.conns.putIdle(&idleConn{conn: conn, pool: pk, since: m.cfg.Now()}, m.cfg.MaxConnIdleTime, m.closeExpired)
-		for _, ic := range expired {
-			m.closedLocked(ic.pool)
-		}
-	} else {
-		m.closedLocked(pk)
+		expired = m.conns.putIdle(ic, m.cfg.MaxConnIdleTime, m.closeExpired)
 	}
 	m.mu.Unlock()
 	if !keep {
-		closeConn(conn)
+		expired = append(expired, ic)
 	}
-	for _, ic := range expired {
-		ic.close()
-	}
+	m.closeConns(expired...)
 }
 
 // closeExpired closes the connections idle longer than MaxConnIdleTime.
 func (m *PoolMeasurer) closeExpired() {
 	m.mu.Lock()
 	expired := m.conns.expire(m.cfg.Now(), m.cfg.MaxConnIdleTime, m.closeExpired)
-	for _, ic := range expired {
-		m.closedLocked(ic.pool)
-	}
 	m.mu.Unlock()
-	for _, ic := range expired {
-		ic.close()
-	}
+	m.closeConns(expired...)
 }
 
 // poolLocked returns pool pk, made when missing.
@@ -369,8 +438,8 @@ func (m *PoolMeasurer) poolLocked(pk string) *pool {
 	return p
 }
 
-// closedLocked accounts for a connection of pool pk that is closed (or
-// whose dial failed), dropping the pool when nothing is left of it.
+// closedLocked accounts for a connection of pool pk whose socket is closed
+// (or whose dial failed), dropping the pool when nothing is left of it.
 func (m *PoolMeasurer) closedLocked(pk string) {
 	m.conns.closedOne()
 	if p := m.pools[pk]; p != nil {
@@ -405,9 +474,7 @@ func (m *PoolMeasurer) releaseOther(key types.NamespacedName, pk string) {
 		idle = m.releaseLocked(key)
 	}
 	m.mu.Unlock()
-	for _, ic := range idle {
-		ic.close()
-	}
+	m.closeConns(idle...)
 }
 
 // Release implements Measurer.
@@ -415,9 +482,7 @@ func (m *PoolMeasurer) Release(key types.NamespacedName) {
 	m.mu.Lock()
 	idle := m.releaseLocked(key)
 	m.mu.Unlock()
-	for _, ic := range idle {
-		ic.close()
-	}
+	m.closeConns(idle...)
 }
 
 // releaseLocked drops the relay's hold; when it was the pool's last, it
@@ -434,12 +499,8 @@ func (m *PoolMeasurer) releaseLocked(key types.NamespacedName) []*idleConn {
 	if p.refs > 0 {
 		return nil
 	}
-	idle := m.conns.takeAllIdle(pk)
-	for range idle {
-		m.closedLocked(pk)
-	}
 	m.dropIfUnusedLocked(pk, p)
-	return idle
+	return m.conns.takeAllIdle(pk)
 }
 
 // Close implements Measurer: it closes the idle connections, and those in
@@ -447,18 +508,13 @@ func (m *PoolMeasurer) releaseLocked(key types.NamespacedName) []*idleConn {
 func (m *PoolMeasurer) Close() {
 	m.mu.Lock()
 	idle := m.conns.close()
-	for _, ic := range idle {
-		m.closedLocked(ic.pool)
-	}
 	m.holds = map[types.NamespacedName]string{}
 	for pk, p := range m.pools {
 		p.refs = 0
 		m.dropIfUnusedLocked(pk, p)
 	}
 	m.mu.Unlock()
-	for _, ic := range idle {
-		ic.close()
-	}
+	m.closeConns(idle...)
 }
 
 // Pools returns the number of pools, for tests and metrics.

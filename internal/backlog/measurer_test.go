@@ -386,3 +386,66 @@ func TestPoolMeasurerRefusesFileKeys(t *testing.T) {
 	require.Contains(t, f.Message, "passfile")
 	require.Zero(t, m.ConnStats().Open)
 }
+
+// A query interrupted by its deadline leaves pgconn closing the connection
+// in the background: a cancel request over a second socket, then waiting
+// for the server. The connection counts against MaxOpenConns until that
+// ends, and the cancel request needs a free slot of its own.
+func TestPoolMeasurerCountsAnInterruptedConnectionUntilClosed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	interrupt := func(t *testing.T, m *PoolMeasurer, dsn string) {
+		t.Helper()
+		c, err := m.Connect(ctx, key("a"), target(dsn), time.Second)
+		require.NoError(t, err)
+		short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		_, err = c.Measure(short)
+		require.Error(t, err, "the table is locked: the query waits past its deadline")
+		c.Release()
+	}
+	lock := func(t *testing.T, admin *pgx.Conn) pgx.Tx {
+		t.Helper()
+		tx, err := admin.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		_, err = tx.Exec(ctx, `LOCK TABLE outbox_events IN ACCESS EXCLUSIVE MODE`)
+		require.NoError(t, err)
+		return tx
+	}
+
+	t.Run("CancelRequestWithAFreeSlot", func(t *testing.T) {
+		t.Parallel()
+		dsn, admin := setupTable(t)
+		other, err := pgx.Connect(ctx, dsn)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = other.Close(context.Background()) })
+		lock(t, admin)
+		m := NewPoolMeasurer(PoolMeasurerConfig{LockTimeout: time.Minute})
+		t.Cleanup(m.Close)
+		interrupt(t, m, dsn)
+		require.Eventually(t, func() bool {
+			var waiting int
+			require.NoError(t, other.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE application_name = 'outbox-operator' AND wait_event_type = 'Lock'`).Scan(&waiting))
+			return waiting == 0
+		}, 5*time.Second, 20*time.Millisecond, "the cancel request reached the server while the lock is still held")
+		require.Eventually(t, func() bool { return m.ConnStats().Open == 0 }, 5*time.Second, 10*time.Millisecond)
+	})
+	t.Run("CountedUntilClosed", func(t *testing.T) {
+		t.Parallel()
+		dsn, admin := setupTable(t)
+		tx := lock(t, admin)
+		m := NewPoolMeasurer(PoolMeasurerConfig{LockTimeout: time.Minute, MaxOpenConns: 1})
+		t.Cleanup(m.Close)
+		interrupt(t, m, dsn)
+		// No slot for a cancel request: the server holds the session until
+		// the lock is released, and it still counts.
+		_, err := measureWithin(ctx, m, key("b"), target(dsn+"&application_name=b"), 300*time.Millisecond)
+		require.ErrorIs(t, err, errNoConnSlot)
+		require.NoError(t, tx.Rollback(ctx))
+		require.Eventually(t, func() bool { return m.ConnStats().Open == 0 }, 10*time.Second, 10*time.Millisecond)
+		_, err = measure(ctx, m, key("b"), target(dsn+"&application_name=b"))
+		require.NoError(t, err)
+	})
+}
