@@ -259,6 +259,11 @@ func (m *PoolMeasurer) connConfig(dsn string) (*pgx.ConnConfig, error) {
 	// The context's deadline (the check's connect timeout) bounds the
 	// connection, over every host the DSN names.
 	cfg.ConnectTimeout = 0
+	// A check runs three statements: a cache of a few keeps them prepared
+	// on a reused connection, where pgx's defaults (two caches of 512
+	// entries) take some 50 KiB a connection.
+	cfg.StatementCacheCapacity = checkStatements
+	cfg.DescriptionCacheCapacity = 0
 	return cfg, nil
 }
 
@@ -557,6 +562,11 @@ func (c *poolConn) Measure(ctx context.Context) (outbox.Backlog, error) {
 func (c *poolConn) Release() {
 	c.once.Do(func() { c.m.giveBack(c.pool, c.conn, c.ok) })
 }
+
+// checkStatements is the size of a connection's statement cache: more than
+// the statements of a check (the backlog, the dead letters, the stream
+// resets).
+const checkStatements = 8
 
 // errConnect: no connection could be made (refused, silent, a name not
 // resolved, TLS failed, or the server refused the login).
