@@ -38,7 +38,10 @@ type Observation struct {
 	// back when it finishes.
 	InFlight bool
 	// NextCheckIn is how long until the next check is due, when none is in
-	// flight: observe again then.
+	// flight: observe again then. The interval counts from the first
+	// Observe that returned the last result, so that a reconcile delayed
+	// in a busy work queue, which writes that result, does not bring the
+	// next result's write closer to it than the interval.
 	NextCheckIn time.Duration
 }
 
@@ -178,7 +181,10 @@ type entry struct {
 	gen         uint64
 	fingerprint string
 	last        *Result
-	failures    int
+	// seenAt is when Observe first returned last: the next check is due
+	// from then.
+	seenAt   time.Time
+	failures int
 	// measured: a check of this target has succeeded.
 	measured bool
 	// connected: a connection to this target has been made; until then
@@ -280,7 +286,10 @@ func (p *Prober) Observe(key types.NamespacedName, target Target, interval time.
 		return obs
 	}
 	if e.last != nil {
-		wait := e.last.CheckedAt.Add(p.delay(interval, e.failures, e.measured)).Sub(now)
+		if e.seenAt.IsZero() {
+			e.seenAt = now
+		}
+		wait := e.seenAt.Add(p.delay(interval, e.failures, e.measured)).Sub(now)
 		if wait > 0 {
 			obs.NextCheckIn = wait
 			return obs
@@ -450,6 +459,7 @@ func (p *Prober) finish(key types.NamespacedName, c check, res *Result, connErr 
 			res.Redis = e.last.Redis
 		}
 		e.last = res
+		e.seenAt = time.Time{}
 		if res.Failure != nil {
 			e.failures++
 		} else {

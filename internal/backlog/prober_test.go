@@ -255,6 +255,7 @@ func TestProberBacksOffAfterFailures(t *testing.T) {
 	b.measurer.set("a", count(1))
 	b.prober.Observe(key("a"), target("postgres://a"), time.Minute)
 	b.waitNotified(t, key("a"))
+	b.prober.Observe(key("a"), target("postgres://a"), time.Minute) // the notification's reconcile
 	b.clock.Step(time.Minute)
 	b.measurer.set("a", func(context.Context) (outbox.Backlog, error) { return outbox.Backlog{}, errors.New("boom") })
 
@@ -704,4 +705,28 @@ func TestProberRunsRedisChecksWhenTheDatabaseIsUnreachable(t *testing.T) {
 	require.NotNil(t, obs.Last.Redis)
 	require.Equal(t, doctor.OK, obs.Last.Redis.Checks[0].Status)
 	require.Zero(t, m.callsOf("a"))
+}
+
+// The next check is due an interval after the result was first observed,
+// not after it was measured: a reconcile delayed in a busy work queue writes
+// the result late, and the next write still comes an interval after it.
+func TestProberCountsTheIntervalFromWhenTheResultIsSeen(t *testing.T) {
+	t.Parallel()
+	b := setupProber(t, time.Second)
+	b.measurer.set("a", count(1))
+	b.prober.Observe(key("a"), target("postgres://a"), time.Minute)
+	b.waitNotified(t, key("a"))
+
+	b.clock.Step(20 * time.Second) // the notification's reconcile waited in the queue
+	obs := b.prober.Observe(key("a"), target("postgres://a"), time.Minute)
+	require.NotNil(t, obs.Last)
+	require.Equal(t, time.Minute, obs.NextCheckIn, "an interval from now, not 40s")
+	b.clock.Step(40 * time.Second)
+	obs = b.prober.Observe(key("a"), target("postgres://a"), time.Minute)
+	require.False(t, obs.InFlight)
+	require.Equal(t, 20*time.Second, obs.NextCheckIn)
+	b.clock.Step(20 * time.Second)
+	require.True(t, b.prober.Observe(key("a"), target("postgres://a"), time.Minute).InFlight)
+	b.waitNotified(t, key("a"))
+	require.Equal(t, 2, b.measurer.callsOf("a"))
 }
