@@ -185,7 +185,16 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		// Only a new spec can fix it, and that triggers a reconcile.
 		return ctrl.Result{}, nil
 	}
-	return ctrl.Result{RequeueAfter: st.requeueAfter(r.prober.MaxCheckDuration())}, nil
+	after, routine := st.requeueAfter(r.prober.MaxCheckDuration())
+	res := ctrl.Result{RequeueAfter: after}
+	if routine {
+		// A routine recheck waits behind the changes to other relays (a
+		// new relay, a finished check, an edited child) when the work
+		// queue is busy: under a burst, rechecking the relays measured
+		// already would slow down measuring the new ones.
+		res.Priority = ptr.To(handler.LowPriority)
+	}
+	return res, nil
 }
 
 // prerequisiteRetryDelay is how soon a relay whose Secrets are missing or
@@ -291,12 +300,13 @@ func (r *OutboxRelayReconciler) decideReplicas(st *relayState) {
 
 // requeueAfter is when this relay needs a reconcile although no watch will
 // fire: the next backlog check, the end of a scale-down window, or the
-// moment the oldest pending row would count as stalled.
-func (st *relayState) requeueAfter(checkTimeout time.Duration) time.Duration {
-	var d time.Duration
-	consider := func(x time.Duration) {
+// moment the oldest pending row would count as stalled. routine reports
+// that the earliest is the backlog check (or the safety net of one in
+// flight), which can wait behind other work.
+func (st *relayState) requeueAfter(checkTimeout time.Duration) (d time.Duration, routine bool) {
+	consider := func(x time.Duration, isRoutine bool) {
 		if x > 0 && (d == 0 || x < d) {
-			d = x
+			d, routine = x, isRoutine
 		}
 	}
 	if st.backlog != nil {
@@ -305,16 +315,16 @@ func (st *relayState) requeueAfter(checkTimeout time.Duration) time.Duration {
 			// only a safety net, no sooner than the check interval: a check
 			// may wait in the Prober's queue longer than it runs, and a
 			// reconcile meanwhile would only observe it waiting.
-			consider(max(checkTimeout+time.Second, st.relay.Spec.Backlog.GetCheckInterval()))
+			consider(max(checkTimeout+time.Second, st.relay.Spec.Backlog.GetCheckInterval()), true)
 		} else {
-			consider(st.backlog.NextCheckIn)
+			consider(st.backlog.NextCheckIn, true)
 		}
 	}
-	consider(st.decision.RecheckAfter)
+	consider(st.decision.RecheckAfter, false)
 	if last := st.lastSuccess(); last != nil && last.Backlog.Oldest != nil {
-		consider(last.Backlog.Oldest.Add(st.relay.Spec.Backlog.GetStalledAfter()).Sub(st.now) + time.Second)
+		consider(last.Backlog.Oldest.Add(st.relay.Spec.Backlog.GetStalledAfter()).Sub(st.now)+time.Second, false)
 	}
-	return d
+	return d, routine
 }
 
 // forget drops what the process holds for a deleted OutboxRelay: its share

@@ -228,24 +228,36 @@ func TestDatabaseConditionKeepsOldWhileFirstCheckRuns(t *testing.T) {
 
 func TestRequeueAfter(t *testing.T) {
 	t.Parallel()
-	st := newState(func(st *relayState) {
-		st.backlog.NextCheckIn = 30 * time.Second
-	})
-	require.Equal(t, 30*time.Second, st.requeueAfter(10*time.Second))
-
-	st.decision.RecheckAfter = 10 * time.Second
-	require.Equal(t, 10*time.Second, st.requeueAfter(10*time.Second))
-
-	// The oldest row (a minute old) turns stalled in 4 minutes: 4m1s.
-	st = newState(func(st *relayState) { st.backlog.NextCheckIn = time.Hour })
-	require.Equal(t, 4*time.Minute+time.Second, st.requeueAfter(10*time.Second))
-
-	// While a check is queued or runs, the Prober's notification comes
-	// first: the safety net is the check interval (30s by default), or
-	// longer than a check can run.
-	st = newState(func(st *relayState) { st.backlog = &backlog.Observation{InFlight: true} })
-	require.Equal(t, 30*time.Second, st.requeueAfter(10*time.Second))
-	require.Equal(t, 41*time.Second, st.requeueAfter(40*time.Second))
+	type want struct {
+		after   time.Duration
+		routine bool
+	}
+	cases := []struct {
+		name         string
+		state        func(st *relayState)
+		checkTimeout time.Duration
+		want         want
+	}{
+		{"NextCheck", func(st *relayState) { st.backlog.NextCheckIn = 30 * time.Second }, 10 * time.Second, want{30 * time.Second, true}},
+		{"ScaleDownWindowFirst", func(st *relayState) {
+			st.backlog.NextCheckIn = 30 * time.Second
+			st.decision.RecheckAfter = 10 * time.Second
+		}, 10 * time.Second, want{10 * time.Second, false}},
+		// The oldest row (a minute old) turns stalled in 4 minutes: 4m1s.
+		{"StalledFirst", func(st *relayState) { st.backlog.NextCheckIn = time.Hour }, 10 * time.Second, want{4*time.Minute + time.Second, false}},
+		// While a check is queued or runs, the Prober's notification comes
+		// first: the safety net is the check interval (30s by default), or
+		// longer than a check can run.
+		{"InFlight", func(st *relayState) { st.backlog = &backlog.Observation{InFlight: true} }, 10 * time.Second, want{30 * time.Second, true}},
+		{"InFlightLongChecks", func(st *relayState) { st.backlog = &backlog.Observation{InFlight: true} }, 40 * time.Second, want{41 * time.Second, true}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			after, routine := newState(tc.state).requeueAfter(tc.checkTimeout)
+			require.Equal(t, tc.want, want{after, routine})
+		})
+	}
 }
 
 func TestDeadLettersCondition(t *testing.T) {
