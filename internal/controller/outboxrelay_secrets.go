@@ -61,14 +61,18 @@ func (r *OutboxRelayReconciler) resolveSecrets(ctx context.Context, relay *v1alp
 		fields = append(fields, secretField{"spec.redis.caSecretRef", *ca})
 	}
 	names := make([]types.NamespacedName, len(fields))
+	// keys are the keys read from each Secret: one named by two references
+	// (the DSN and the Redis URL side by side) is read once.
+	keys := map[string][]string{}
 	for i, f := range fields {
 		names[i] = types.NamespacedName{Namespace: relay.Namespace, Name: f.ref.Name}
+		keys[f.ref.Name] = append(keys[f.ref.Name], f.ref.Key)
 	}
 	defer r.secretCache.use(client.ObjectKeyFromObject(relay), names...)
 
 	values := make([]string, len(fields))
 	for i, f := range fields {
-		value, found, err := r.readSecretKey(ctx, names[i], f.ref.Key)
+		value, found, err := r.readSecretKey(ctx, names[i], f.ref.Key, keys[f.ref.Name])
 		switch {
 		case err != nil:
 			return nil, nil, err
@@ -110,10 +114,11 @@ func (r *OutboxRelayReconciler) resolveSecrets(ctx context.Context, relay *v1alp
 
 // readSecretKey returns the value of one key of a Secret: from the
 // secretCache when the metadata informer shows the resourceVersion it holds,
-// else read from the API server (never through a cache of Secret data).
-// found is false when the Secret does not exist.
+// else read from the API server (never through a cache of Secret data), when
+// the values of keys (the keys the relay reads from that Secret, key among
+// them) are cached too. found is false when the Secret does not exist.
 func (r *OutboxRelayReconciler) readSecretKey(
-	ctx context.Context, name types.NamespacedName, key string,
+	ctx context.Context, name types.NamespacedName, key string, keys []string,
 ) (value []byte, found bool, err error) {
 	if r.MetadataReader != nil {
 		meta := &metav1.PartialObjectMetadata{}
@@ -132,7 +137,7 @@ func (r *OutboxRelayReconciler) readSecretKey(
 		}
 		return nil, false, fmt.Errorf("reading Secret %s: %w", name, err)
 	}
-	r.secretCache.put(name, secret.ResourceVersion, secret.Data, key)
+	r.secretCache.put(name, secret.ResourceVersion, secret.Data, keys...)
 	return secret.Data[key], true, nil
 }
 
