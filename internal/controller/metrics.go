@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
@@ -32,6 +33,9 @@ type RelayMetrics struct {
 
 	mu     sync.Mutex
 	relays map[types.NamespacedName]relaySample
+	// pairs holds one label pair per condition label and value (type,
+	// status, reason: a few dozen), shared by every relay's series.
+	pairs map[[2]string]*dto.LabelPair
 
 	backlog, age, deadLetters, desired, ready, lastCheck, isReady, stalledAfter, condition *prometheus.Desc
 }
@@ -47,11 +51,50 @@ type relaySample struct {
 	isReady     bool
 	// stalledAfter is kept across Set (SetStalledAfter); 0: not known.
 	stalledAfter time.Duration
-	conditions   []conditionSample
+	// labels are the relay's label pairs (name, namespace); conditions
+	// holds those of each condition's series (the relay's, then reason,
+	// status and type). Both are made when the status is recorded, not at
+	// each scrape.
+	labels     []*dto.LabelPair
+	conditions [][]*dto.LabelPair
 }
 
-// conditionSample is one condition's type, status and reason.
-type conditionSample struct{ typ, status, reason string }
+// relayGauge is one sample of a relay's series. Its label pairs are made
+// once, when the relay's status is recorded: prometheus.MustNewConstMetric
+// makes them at every scrape, some fifteen thousand sets (megabytes of
+// garbage) for a thousand relays. A collected metric's labels are immutable
+// by the registry's contract, so the series share them.
+type relayGauge struct {
+	desc   *prometheus.Desc
+	labels []*dto.LabelPair
+	value  float64
+}
+
+var _ prometheus.Metric = relayGauge{}
+
+// Desc implements prometheus.Metric.
+func (g relayGauge) Desc() *prometheus.Desc { return g.desc }
+
+// Write implements prometheus.Metric.
+func (g relayGauge) Write(out *dto.Metric) error {
+	out.Label = g.labels
+	out.Gauge = &dto.Gauge{Value: &g.value}
+	return nil
+}
+
+// labelPair makes a label pair.
+func labelPair(name, value string) *dto.LabelPair { return &dto.LabelPair{Name: &name, Value: &value} }
+
+// pairLocked returns the shared label pair of a condition label's value.
+func (m *RelayMetrics) pairLocked(name, value string) *dto.LabelPair {
+	k := [2]string{name, value}
+	p, ok := m.pairs[k]
+	if !ok {
+		p = labelPair(name, value)
+		m.pairs[k] = p
+	}
+	return p
+}
 
 var _ prometheus.Collector = (*RelayMetrics)(nil)
 
@@ -65,6 +108,7 @@ func NewRelayMetrics() *RelayMetrics {
 	return &RelayMetrics{
 		Now:         time.Now,
 		relays:      map[types.NamespacedName]relaySample{},
+		pairs:       map[[2]string]*dto.LabelPair{},
 		backlog:     desc("backlog", "Undispatched rows of the outbox table at the last backlog check."),
 		age:         desc("oldest_pending_age_seconds", "Age of the oldest undispatched row, 0 when none is pending."),
 		deadLetters: desc("dead_letters", "Rows parked in the dead-letter table at the last backlog check; not part of the backlog."),
@@ -94,16 +138,29 @@ func (m *RelayMetrics) Set(key types.NamespacedName, s v1alpha1.OutboxRelayStatu
 	if s.LastBacklogCheckTime != nil {
 		sample.lastCheck = ptr.To(s.LastBacklogCheckTime.Time)
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	prev := m.relays[key]
+	sample.stalledAfter = prev.stalledAfter
+	sample.labels = m.labelsLocked(key, prev)
 	for _, c := range s.Conditions {
 		if c.Type == string(v1alpha1.ConditionReady) {
 			sample.isReady = c.Status == "True"
 		}
-		sample.conditions = append(sample.conditions, conditionSample{c.Type, string(c.Status), c.Reason})
+		// Sorted by name, as the registry wants them.
+		sample.conditions = append(sample.conditions, append(sample.labels[:2:2],
+			m.pairLocked("reason", c.Reason), m.pairLocked("status", string(c.Status)), m.pairLocked("type", c.Type)))
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	sample.stalledAfter = m.relays[key].stalledAfter
 	m.relays[key] = sample
+}
+
+// labelsLocked returns the relay's label pairs, those of prev when it has
+// them.
+func (m *RelayMetrics) labelsLocked(key types.NamespacedName, prev relaySample) []*dto.LabelPair {
+	if prev.labels != nil {
+		return prev.labels
+	}
+	return []*dto.LabelPair{labelPair("name", key.Name), labelPair("namespace", key.Namespace)}
 }
 
 // SetStalledAfter records a relay's spec.backlog.stalledAfter, which alerts
@@ -113,6 +170,7 @@ func (m *RelayMetrics) SetStalledAfter(key types.NamespacedName, d time.Duration
 	defer m.mu.Unlock()
 	s := m.relays[key]
 	s.stalledAfter = d
+	s.labels = m.labelsLocked(key, s)
 	m.relays[key] = s
 }
 
@@ -137,10 +195,9 @@ func (m *RelayMetrics) Collect(ch chan<- prometheus.Metric) {
 	now := m.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for key, s := range m.relays {
-		l := []string{key.Namespace, key.Name}
+	for _, s := range m.relays {
 		gauge := func(d *prometheus.Desc, v float64) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+			ch <- relayGauge{desc: d, labels: s.labels, value: v}
 		}
 		if s.backlog != nil {
 			gauge(m.backlog, float64(*s.backlog))
@@ -166,8 +223,8 @@ func (m *RelayMetrics) Collect(ch chan<- prometheus.Metric) {
 		if s.stalledAfter > 0 {
 			gauge(m.stalledAfter, s.stalledAfter.Seconds())
 		}
-		for _, c := range s.conditions {
-			ch <- prometheus.MustNewConstMetric(m.condition, prometheus.GaugeValue, 1, append(l[:2:2], c.typ, c.status, c.reason)...)
+		for _, labels := range s.conditions {
+			ch <- relayGauge{desc: m.condition, labels: labels, value: 1}
 		}
 	}
 }
