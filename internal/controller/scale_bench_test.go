@@ -420,6 +420,7 @@ func startManagerProcess(b *testing.B, env *envtest.Environment, dir string) *ma
 	require.NoError(b, m.cmd.Start())
 	exited := make(chan struct{})
 	go func() { _ = m.cmd.Wait(); close(exited) }()
+	m.waitStarted(b, exited)
 	b.Cleanup(func() {
 		_ = m.cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -431,6 +432,30 @@ func startManagerProcess(b *testing.B, env *envtest.Environment, dir string) *ma
 		_ = logFile.Close()
 	})
 	return m
+}
+
+// waitStarted waits until the controller's workers run, its caches synced:
+// the relays are then created against a running operator, as in a cluster.
+// An OutboxRelay that exists when the manager starts comes with the initial
+// list of its informer, which controller-runtime's priority queue serves at
+// low priority, after every event of the relays created since: relays created
+// while the manager started waited minutes for their first reconcile.
+func (m *managerProcess) waitStarted(b *testing.B, exited <-chan struct{}) {
+	deadline := time.After(2 * time.Minute)
+	for {
+		raw, err := os.ReadFile(m.logPath)
+		require.NoError(b, err)
+		if strings.Contains(string(raw), `"Starting workers"`) {
+			return
+		}
+		select {
+		case <-exited:
+			b.Fatalf("the manager exited while starting:\n%s", tail(m.logPath, 20))
+		case <-deadline:
+			b.Fatalf("the manager's controller did not start within 2m:\n%s", tail(m.logPath, 20))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // startupField returns a field of the manager's "Starting manager" log
