@@ -577,30 +577,31 @@ func (s *boundsSampler) stop() boundPeaks {
 }
 
 // tcpConnsTo counts the TCP sockets (IPv4, in any state) a process has open
-// to PostgreSQL's port and to the blackholes' ports. It reads the process's
-// file descriptors first, then the socket table, so a socket closed or
-// opened in between is missed, never counted twice.
+// to PostgreSQL's port and to the blackholes' ports. Neither the process's
+// file descriptors (a directory read in several calls) nor the kernel's
+// socket table are read at one instant: a descriptor closed early in the
+// read and another opened late in it are both listed, though never open at
+// once. So it counts only the sockets whose descriptor is listed both before
+// and after the table is read, with the same inode: those open throughout,
+// so all open at once. A socket opened or closed meanwhile is missed, never
+// counted with one that replaced it.
 func tcpConnsTo(pid, pgPort int, holePorts map[int]bool) (toPG, toHoles int, err error) {
-	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
-	fds, err := os.ReadDir(fdDir)
+	before, err := socketInodes(pid)
 	if err != nil {
 		return 0, 0, err
 	}
-	inodes := map[string]bool{}
-	for _, fd := range fds {
-		link, err := os.Readlink(filepath.Join(fdDir, fd.Name()))
-		if inode, ok := strings.CutPrefix(link, "socket:["); ok && err == nil {
-			inodes[strings.TrimSuffix(inode, "]")] = true
-		}
-	}
 	table, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/tcp", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	after, err := socketInodes(pid)
 	if err != nil {
 		return 0, 0, err
 	}
 	for _, line := range strings.Split(string(table), "\n")[1:] {
 		// sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
 		f := strings.Fields(line)
-		if len(f) < 10 || !inodes[f[9]] {
+		if len(f) < 10 || !before[f[9]] || !after[f[9]] {
 			continue
 		}
 		_, hexPort, _ := strings.Cut(f[2], ":")
@@ -614,6 +615,23 @@ func tcpConnsTo(pid, pgPort int, holePorts map[int]bool) (toPG, toHoles int, err
 		}
 	}
 	return toPG, toHoles, nil
+}
+
+// socketInodes returns the inodes of a process's sockets.
+func socketInodes(pid int) (map[string]bool, error) {
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, err := os.ReadDir(fdDir)
+	if err != nil {
+		return nil, err
+	}
+	inodes := map[string]bool{}
+	for _, fd := range fds {
+		link, err := os.Readlink(filepath.Join(fdDir, fd.Name()))
+		if inode, ok := strings.CutPrefix(link, "socket:["); ok && err == nil {
+			inodes[strings.TrimSuffix(inode, "]")] = true
+		}
+	}
+	return inodes, nil
 }
 
 func (r hostileResult) print(mix hostileMix) {
