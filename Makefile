@@ -60,10 +60,15 @@ demo-relay: test-deps ## Run the relay on throwaway PostgreSQL and Redis: schema
 
 # LOCAL_CLUSTER_DIR is the state dir of the local cluster (docs/local-cluster.md).
 LOCAL_CLUSTER_DIR ?= /var/lib/outbox-local-cluster
+# LOCAL_CLUSTER_NODE is the node of a new cluster for make demo: process (pods as
+# host processes, the default) or kubelet (the real node, running the images of
+# image-offline).
+LOCAL_CLUSTER_NODE ?= process
 
 .PHONY: demo
-demo: test-deps helm ## Run the operator (helm install) and its sample on the local cluster (no Docker), place orders; prints KUBECONFIG=<path>.
-	LOCAL_CLUSTER_DIR="$(LOCAL_CLUSTER_DIR)" HELM="$(HELM)" KUBECTL="$(KUBECTL)" hack/demo.sh
+demo: test-deps helm $(if $(filter kubelet,$(LOCAL_CLUSTER_NODE)),image-offline) ## Run the operator (helm install) and its sample on the local cluster (no Docker), place orders; prints KUBECONFIG=<path>.
+	LOCAL_CLUSTER_DIR="$(LOCAL_CLUSTER_DIR)" LOCAL_CLUSTER_NODE="$(LOCAL_CLUSTER_NODE)" HELM="$(HELM)" KUBECTL="$(KUBECTL)" \
+		IMAGE_ARCHIVE="$(IMAGE_ARCHIVE)" SAMPLE_IMAGE_ARCHIVE="$(SAMPLE_IMAGE_ARCHIVE)" hack/demo.sh
 
 .PHONY: demo-down
 demo-down: ## Stop everything make demo started (cluster, pods, PostgreSQL, Redis); remove its namespaces, interfaces and files.

@@ -13,7 +13,10 @@
 #
 # Idempotent: a second run reuses what runs. `make demo-down` removes it all.
 # Environment: LOCAL_CLUSTER_DIR (state dir), HELM, KUBECTL, ORDERS (default 3),
-# DEMO_WAIT (seconds to wait for the OutboxRelay's final state, default 120).
+# DEMO_WAIT (seconds to wait for the OutboxRelay's final state, default 120),
+# LOCAL_CLUSTER_NODE (process, the default, or kubelet: the real node, which
+# imports IMAGE_ARCHIVE and SAMPLE_IMAGE_ARCHIVE from make image-offline; a
+# running cluster keeps its node).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,8 +30,15 @@ OPERATOR_NS=outbox-system
 
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
 
-say "Starting the local cluster (state: $STATE)"
-go run ./hack/localcluster up --state-dir "$STATE" >/dev/null
+NODE=${LOCAL_CLUSTER_NODE:-process}
+up_args=(--state-dir "$STATE" --node "$NODE")
+if [ "$NODE" = kubelet ]; then
+	hack/install-test-deps.sh --node
+	up_args+=(--image "${IMAGE_ARCHIVE:-bin/images/outbox-operator.oci.tar}"
+		--image "${SAMPLE_IMAGE_ARCHIVE:-bin/images/outbox-operator-sample.oci.tar}")
+fi
+say "Starting the local cluster (state: $STATE, node: $NODE)"
+go run ./hack/localcluster up "${up_args[@]}" >/dev/null
 export KUBECONFIG="$STATE/kubeconfig"
 
 say "Starting PostgreSQL and Redis on the host for the sample"

@@ -92,12 +92,22 @@ func demoServicesRun(args []string) (err error) {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-	pg, err := testenv.LaunchPostgres()
+	// The process node's pods reach the host's loopback through the gateway
+	// (its service proxy); the real node's reach the gateway itself, where
+	// the servers then listen too (PostgreSQL asks the pods for the
+	// sample's password).
+	var pgOpts []testenv.PostgresOption
+	redisOpts := []testenv.RedisOption{testenv.WithAppendOnly()}
+	if s.Node == cluster.NodeKubelet {
+		pgOpts = append(pgOpts, testenv.WithPostgresListen(s.Gateway, s.PodCIDR))
+		redisOpts = append(redisOpts, testenv.WithRedisArgs("--bind", "127.0.0.1", s.Gateway))
+	}
+	pg, err := testenv.LaunchPostgres(pgOpts...)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, pg.Close()) }()
-	rd, err := testenv.LaunchRedis(testenv.WithAppendOnly())
+	rd, err := testenv.LaunchRedis(redisOpts...)
 	if err != nil {
 		return err
 	}

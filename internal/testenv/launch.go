@@ -5,8 +5,8 @@ import "errors"
 // LaunchPostgres starts a dedicated PostgreSQL server outside a test, for
 // programs such as the benchmark, with a database "outbox" on it. The
 // caller must Close it.
-func LaunchPostgres() (*PostgresServer, error) {
-	s, err := newPostgresServer()
+func LaunchPostgres(opts ...PostgresOption) (*PostgresServer, error) {
+	s, err := newPostgresServer(opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -14,6 +14,19 @@ func LaunchPostgres() (*PostgresServer, error) {
 		return nil, errors.Join(err, s.close())
 	}
 	return &PostgresServer{srv: s}, nil
+}
+
+// PostgresOption configures a server of LaunchPostgres.
+type PostgresOption func(*pgServer)
+
+// WithPostgresListen makes the server listen on addr as well as on
+// 127.0.0.1, and admit clients of cidr that log in with a password (the
+// local cluster's pods, for the demo); loopback stays trusted.
+func WithPostgresListen(addr, cidr string) PostgresOption {
+	return func(s *pgServer) {
+		s.listen = append(s.listen, addr)
+		s.clients = cidr
+	}
 }
 
 // Close stops a server started by LaunchPostgres and removes its data.

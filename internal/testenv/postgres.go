@@ -40,13 +40,16 @@ const (
 // pgServerSettings are passed to every server as -c options: loopback only, and
 // durability traded for speed, since the data is thrown away.
 var pgServerSettings = []string{
-	"listen_addresses=127.0.0.1",
+	"listen_addresses=" + loopbackIP,
 	"fsync=off",
 	"synchronous_commit=off",
 	"full_page_writes=off",
 	"max_connections=200",
 	"shared_buffers=32MB",
 }
+
+// loopbackIP is where every server listens.
+const loopbackIP = "127.0.0.1"
 
 // errPortTaken says that a server could not listen on its port.
 var errPortTaken = errors.New("port already in use")
@@ -173,6 +176,12 @@ type pgServer struct {
 	dataDir string
 	logPath string
 
+	// listen and clients widen the server past loopback (LaunchPostgres'
+	// options): more addresses to listen on, and a range whose clients log
+	// in with a password.
+	listen  []string
+	clients string
+
 	mu     sync.Mutex
 	port   int
 	proc   *process // nil while stopped
@@ -181,7 +190,7 @@ type pgServer struct {
 
 // newPostgresServer runs initdb into a new temp dir and starts the server on a
 // free port. The caller must close it.
-func newPostgresServer() (*pgServer, error) {
+func newPostgresServer(opts ...PostgresOption) (*pgServer, error) {
 	bin, err := findPostgresBin(postgresBinCandidates())
 	if err != nil {
 		return nil, err
@@ -201,6 +210,9 @@ func newPostgresServer() (*pgServer, error) {
 		dir:     dir,
 		dataDir: filepath.Join(dir, "data"),
 		logPath: filepath.Join(dir, "postgres.log"),
+	}
+	for _, o := range opts {
+		o(s)
 	}
 	if err := register(s); err != nil {
 		_ = os.RemoveAll(dir)
@@ -231,7 +243,16 @@ func (s *pgServer) initdb() error {
 	if err != nil {
 		return fmt.Errorf("initdb %s: %w\n%s", s.dataDir, err, indent(string(out)))
 	}
-	return nil
+	if s.clients == "" {
+		return nil
+	}
+	// initdb trusts loopback only; the wider range must give a password.
+	hba, err := os.OpenFile(filepath.Join(s.dataDir, "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(hba, "host all all %s scram-sha-256\n", s.clients)
+	return errors.Join(err, hba.Close())
 }
 
 // startOnFreePort starts the server, on another free port each time the one it
@@ -266,6 +287,9 @@ func (s *pgServer) startLocked() error {
 	args = append(args, "-D", s.dataDir, "-p", strconv.Itoa(s.port), "-k", s.dir)
 	for _, setting := range pgServerSettings {
 		args = append(args, "-c", setting)
+	}
+	if len(s.listen) > 0 { // a later -c wins
+		args = append(args, "-c", "listen_addresses="+strings.Join(append([]string{loopbackIP}, s.listen...), ","))
 	}
 	// SIGQUIT on the test binary's death: immediate shutdown, the data is thrown away.
 	p, err := startProcess(filepath.Join(s.bin, "postgres"), args, s.dir, s.logPath, s.as, syscall.SIGQUIT)
