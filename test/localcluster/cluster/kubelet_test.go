@@ -172,13 +172,8 @@ func netcheckArchive(t *testing.T, repo, dir string) string {
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "go build netcheck: %s", out)
-	b, err := os.ReadFile(bin)
-	require.NoError(t, err)
 	archive := filepath.Join(dir, "netcheck.oci.tar")
-	require.NoError(t, kubelet.WriteImageArchive(archive, kubelet.Image{
-		Name: netcheckImage, Entrypoint: []string{"/netcheck"}, User: "65532:65532",
-		Files: []kubelet.ImageFile{{Path: "/netcheck", Data: b, Mode: 0o755}},
-	}))
+	require.NoError(t, kubelet.WriteProgramArchive(archive, netcheckImage, bin, "65532:65532"))
 	return archive
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -61,14 +60,10 @@ const corefile = `.:1053 {
 // writeCoreDNSArchive packs the CoreDNS binary into CoreDNSImage, as the
 // nonroot user of the project's own image.
 func writeCoreDNSArchive(binary, path string) error {
-	b, err := os.ReadFile(binary)
-	if err != nil {
-		return fmt.Errorf("CoreDNS (hack/setup-envtest.sh --with-node builds it): %w", err)
+	if err := WriteProgramArchive(path, CoreDNSImage, binary, "65532:65532"); err != nil {
+		return fmt.Errorf("%w (hack/setup-envtest.sh --with-node builds CoreDNS)", err)
 	}
-	return WriteImageArchive(path, Image{
-		Name: CoreDNSImage, Entrypoint: []string{"/coredns"}, User: "65532:65532",
-		Files: []ImageFile{{Path: "/coredns", Data: b, Mode: 0o755}},
-	})
+	return nil
 }
 
 // coreDNSBinary is CoreDNS in the assets dir.

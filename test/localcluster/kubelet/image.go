@@ -166,15 +166,22 @@ func Images(ctx context.Context, c Config) ([]string, error) {
 	return strings.Fields(string(b)), nil
 }
 
+// WriteProgramArchive packs one static program into image name at path:
+// the program alone, at /<its file name>, as the entrypoint, run as user.
+func WriteProgramArchive(path, name, binary, user string) error {
+	b, err := os.ReadFile(binary)
+	if err != nil {
+		return fmt.Errorf("the image %s: %w", name, err)
+	}
+	entry := "/" + filepath.Base(binary)
+	return WriteImageArchive(path, Image{
+		Name: name, Entrypoint: []string{entry}, User: user,
+		Files: []ImageFile{{Path: entry, Data: b, Mode: 0o755}},
+	})
+}
+
 // writePauseArchive packs the pause program into PauseImage, as user 65535
 // like the upstream pause image.
 func writePauseArchive(binary, path string) error {
-	b, err := os.ReadFile(binary)
-	if err != nil {
-		return fmt.Errorf("the pause program: %w", err)
-	}
-	return WriteImageArchive(path, Image{
-		Name: PauseImage, Entrypoint: []string{"/pause"}, User: "65535:65535",
-		Files: []ImageFile{{Path: "/pause", Data: b, Mode: 0o755}},
-	})
+	return WriteProgramArchive(path, PauseImage, binary, "65535:65535")
 }
