@@ -389,14 +389,17 @@ func (o *ownership) publishFenced(ctx context.Context, epoch int64, events []out
 	check := o.r.stream.queueCheck(ctx, pipe, stream)
 	script := fencedXAdd.Eval(ctx, pipe, []string{stream, FenceKey(stream)}, args...)
 	wait := o.r.queueWait(ctx, pipe)
-	_, _ = pipe.Exec(ctx)
-	if err := script.Err(); err != nil {
-		return fmt.Errorf("XADD %s (fenced, epoch %d): %w", stream, epoch, err)
-	}
-	if res, err := script.Slice(); err == nil && len(res) == 2 {
+	o.r.execObserved(ctx, pipe, check, func() (string, int, bool) {
+		res, err := script.Slice()
+		if err != nil || len(res) != 2 {
+			return "", 0, false
+		}
 		n, _ := res[0].(int64)
 		last, _ := res[1].(string)
-		o.r.observe(check, last, int(n))
+		return last, int(n), true
+	})
+	if err := script.Err(); err != nil {
+		return fmt.Errorf("XADD %s (fenced, epoch %d): %w", stream, epoch, err)
 	}
 	if err := o.r.checkWait(wait); err != nil {
 		var pe *publishError

@@ -74,8 +74,10 @@ func (r *Relay) publish(ctx context.Context, events []outbox.Event, o *ownership
 			}
 		}
 		wait = r.queueWait(ctx, pipe)
-		_, _ = pipe.Exec(ctx) // each command carries its own error
-		r.observeBatch(check, cmds)
+		r.execObserved(ctx, pipe, check, func() (string, int, bool) {
+			last, n := lastAdded(cmds)
+			return last, n, true
+		})
 	}
 	for i, cmd := range cmds {
 		if cmd == nil || cmd.Err() == nil {

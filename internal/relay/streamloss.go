@@ -100,17 +100,10 @@ func isNoSuchKey(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "no such key")
 }
 
-// observe compares what XINFO STREAM answered (before this batch's XADDs)
-// with what the relay knew, reports a reset if the stream went back in
-// time, and then takes in the new state and the id of the batch's last
-// entry (added: "" if none, n entries).
-func (r *Relay) observe(info *redis.XInfoStreamCmd, added string, n int) {
-	g := &r.stream
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	r.observeLocked(info, added, n)
-}
-
+// observeLocked compares what XINFO STREAM answered (before this batch's
+// XADDs) with what the relay knew, reports a reset if the stream went back
+// in time, and then takes in the new state and the id of the batch's last
+// entry (added: "" if none, n entries). The caller holds the guard's lock.
 func (r *Relay) observeLocked(info *redis.XInfoStreamCmd, added string, n int) {
 	g := &r.stream
 	missing := isNoSuchKey(info.Err())
@@ -362,10 +355,21 @@ func compareIDs(a, b string) int {
 	return 1
 }
 
-// observeBatch observes a batch's check and XADDs.
-func (r *Relay) observeBatch(info *redis.XInfoStreamCmd, cmds []*redis.StringCmd) {
-	added, n := lastAdded(cmds)
-	r.observe(info, added, n)
+// execObserved runs a batch's pipeline, its XINFO STREAM (check) first,
+// and takes in what it saw (added: the id of the last entry it added and how
+// many, ok false to learn nothing), under the guard's lock: a stream check
+// between the two would move the last id past the batch's own XINFO, and
+// the batch would then find the stream gone back in time (a false reset,
+// replayed for nothing).
+func (r *Relay) execObserved(ctx context.Context, pipe redis.Pipeliner, check *redis.XInfoStreamCmd,
+	added func() (last string, n int, ok bool)) {
+	g := &r.stream
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	if last, n, ok := added(); ok {
+		r.observeLocked(check, last, n)
+	}
 }
 
 // lastAdded returns the id of a pipeline's last acknowledged XADD ("" if
