@@ -51,6 +51,12 @@ type Failure struct {
 // Error implements error.
 func (f *Failure) Error() string { return string(f.Cause) + ": " + f.Message }
 
+// answered reports that the database answered the check and said that the
+// outbox table or one of its columns does not exist (false for nil).
+func (f *Failure) answered() bool {
+	return f != nil && (f.Cause == CauseTableNotFound || f.Cause == CauseColumnNotFound)
+}
+
 // classify turns the error of a check into a Failure. secrets are redacted
 // from the message whatever the error's shape (the DSN and its password).
 func classify(err error, timeout string, secrets ...string) *Failure {

@@ -289,7 +289,7 @@ func (p *Prober) Observe(key types.NamespacedName, target Target, interval time.
 		if e.seenAt.IsZero() {
 			e.seenAt = now
 		}
-		wait := e.seenAt.Add(p.delay(interval, e.failures, e.measured)).Sub(now)
+		wait := e.seenAt.Add(p.delay(interval, e.failures, e.measured, e.last.Failure.answered())).Sub(now)
 		if wait > 0 {
 			obs.NextCheckIn = wait
 			return obs
@@ -316,9 +316,16 @@ func (p *Prober) Observe(key types.NamespacedName, target Target, interval time.
 // delay is the time between checks after failures consecutive failures:
 // interval, doubling with each failure after the first, up to MaxBackoff.
 // Until a target is first measured, the doubling starts from FirstRetry
-// (2s, 4s, ... up to interval, then on as after a success).
-func (p *Prober) delay(interval time.Duration, failures int, measured bool) time.Duration {
+// (2s, 4s, ... up to interval, then on as after a success). When the
+// database answered that the table or a column is missing (answered), the
+// delay stops at interval: such a check costs one round trip, and the
+// schema is often being created (a migration Job beside the relay), so the
+// relay is measured within an interval of it, not minutes later.
+func (p *Prober) delay(interval time.Duration, failures int, measured, answered bool) time.Duration {
 	limit := max(p.cfg.MaxBackoff, interval)
+	if answered {
+		limit = interval
+	}
 	d := interval
 	if !measured && failures > 0 {
 		d = min(p.cfg.FirstRetry, interval)

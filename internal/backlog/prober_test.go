@@ -464,6 +464,30 @@ func TestProberRetriesSoonUntilFirstMeasured(t *testing.T) {
 	require.Equal(t, 30*time.Second, obs.NextCheckIn, "measured: the interval")
 }
 
+// A table (or column) that does not exist yet is checked again every
+// interval at most, however many checks found it missing: it is often being
+// created by a migration beside the relay.
+func TestProberChecksAMissingTableEveryInterval(t *testing.T) {
+	t.Parallel()
+	for _, missing := range []error{outbox.ErrTableNotFound, outbox.ErrColumnNotFound} {
+		b := setupProber(t, time.Second)
+		b.measurer.set("a", func(context.Context) (outbox.Backlog, error) {
+			return outbox.Backlog{}, fmt.Errorf("checking: %w", missing)
+		})
+		waits := make([]time.Duration, 0, 8)
+		for range 8 {
+			b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
+			b.waitNotified(t, key("a"))
+			obs := b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
+			require.NotNil(t, obs.Last.Failure)
+			waits = append(waits, obs.NextCheckIn)
+			b.clock.Step(obs.NextCheckIn)
+		}
+		require.Equal(t, []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
+			30 * time.Second, 30 * time.Second, 30 * time.Second, 30 * time.Second}, waits, "%v: soon, then every interval", missing)
+	}
+}
+
 func TestConnectTimeout(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
