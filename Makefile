@@ -60,36 +60,34 @@ demo-relay: test-deps ## Run the relay on throwaway PostgreSQL and Redis: schema
 
 # LOCAL_CLUSTER_DIR is the state dir of the local cluster (docs/local-cluster.md).
 LOCAL_CLUSTER_DIR ?= /var/lib/outbox-local-cluster
-# LOCAL_CLUSTER_NODE is the node of a new cluster for make demo: process (pods as
-# host processes, the default) or kubelet (the real node, running the images of
-# image-offline).
-LOCAL_CLUSTER_NODE ?= process
+
+# node-deps installs what the local cluster's node needs (containerd, runc, the
+# CNI plugins, iptables) besides test-deps' servers.
+.PHONY: node-deps
+node-deps: ## Install what the local cluster's node needs when missing: containerd, runc, the CNI plugins, iptables (apt-get, as root).
+	hack/install-test-deps.sh --node
 
 .PHONY: demo
-demo: test-deps helm $(if $(filter kubelet,$(LOCAL_CLUSTER_NODE)),image-offline) ## Run the operator (helm install) and its sample on the local cluster (no Docker), place orders; prints KUBECONFIG=<path>.
-	LOCAL_CLUSTER_DIR="$(LOCAL_CLUSTER_DIR)" LOCAL_CLUSTER_NODE="$(LOCAL_CLUSTER_NODE)" HELM="$(HELM)" KUBECTL="$(KUBECTL)" \
+demo: node-deps helm image-offline ## Run the operator (helm install) and its sample on the local cluster (no Docker; the images of image-offline), place orders; prints KUBECONFIG=<path>.
+	LOCAL_CLUSTER_DIR="$(LOCAL_CLUSTER_DIR)" HELM="$(HELM)" KUBECTL="$(KUBECTL)" \
 		IMAGE_ARCHIVE="$(IMAGE_ARCHIVE)" SAMPLE_IMAGE_ARCHIVE="$(SAMPLE_IMAGE_ARCHIVE)" hack/demo.sh
 
 .PHONY: demo-down
-demo-down: ## Stop everything make demo started (cluster, pods, PostgreSQL, Redis); remove its namespaces, interfaces and files.
+demo-down: ## Stop everything make demo started (cluster, pods, PostgreSQL, Redis); remove its rules, mounts, interfaces and files.
 	go run ./hack/localcluster down --state-dir "$(LOCAL_CLUSTER_DIR)"
 
 .PHONY: local-cluster-up
-local-cluster-up: ## Start (or reuse) the local cluster: real control plane, pods as processes; prints KUBECONFIG=<path>.
-	go run ./hack/localcluster up --state-dir "$(LOCAL_CLUSTER_DIR)"
+local-cluster-up: node-deps image-offline ## Start (or reuse) the local cluster: real control plane, a kubelet on containerd with the images of image-offline; prints KUBECONFIG=<path>.
+	go run ./hack/localcluster up --state-dir "$(LOCAL_CLUSTER_DIR)" --image "$(IMAGE_ARCHIVE)" --image "$(SAMPLE_IMAGE_ARCHIVE)"
 
 .PHONY: local-cluster-down
-local-cluster-down: ## Stop the local cluster by pid and remove its namespaces, interfaces and files.
+local-cluster-down: ## Stop the local cluster and remove its rules, mounts, interfaces and files.
 	go run ./hack/localcluster down --state-dir "$(LOCAL_CLUSTER_DIR)"
 
 .PHONY: test-local-cluster
-test-local-cluster: test-deps ## Run the local cluster's tests, the one that starts a cluster included (root); the real node's is test-kubelet-node.
-	go test -tags localcluster ./test/localcluster/... -skip TestKubeletNode -count=1 -v -timeout 30m
-
-.PHONY: test-kubelet-node
-test-kubelet-node: image-offline ## Run the real node's test: a kubelet on containerd and runc runs the image of image-offline under restricted Pod Security (root).
-	hack/install-test-deps.sh --node
-	IMAGE_ARCHIVE="$(IMAGE_ARCHIVE)" go test -tags localcluster ./test/localcluster/cluster/ -run TestKubeletNode -count=1 -v -timeout 20m
+test-local-cluster: node-deps image-offline ## Run the local cluster's tests, the one that starts a cluster with the images of image-offline included (root).
+	IMAGE_ARCHIVE="$(IMAGE_ARCHIVE)" SAMPLE_IMAGE_ARCHIVE="$(SAMPLE_IMAGE_ARCHIVE)" \
+		go test -tags localcluster ./test/localcluster/... -count=1 -v -timeout 30m
 
 ##@ Development
 
@@ -458,8 +456,9 @@ KIND_IMG ?= $(IMAGE_REPO):dev
 KIND_SAMPLE_IMG ?= $(SAMPLE_IMG)
 
 .PHONY: test-e2e-local
-test-e2e-local: test-deps helm ## Run the end-to-end suite on the local cluster (root, no Docker): starts it, runs test/e2e, tears it down (E2E_KEEP=1 keeps it).
-	E2E_CLUSTER=local LOCAL_CLUSTER_DIR="$(LOCAL_CLUSTER_DIR)" HELM="$(HELM)" go test -tags=e2e ./test/e2e/... $(E2E_FLAGS)
+test-e2e-local: node-deps helm image-offline ## Run the end-to-end suite on the local cluster (root, no Docker; the images of image-offline): starts it, runs test/e2e, tears it down (E2E_KEEP=1 keeps it).
+	E2E_CLUSTER=local LOCAL_CLUSTER_DIR="$(LOCAL_CLUSTER_DIR)" HELM="$(HELM)" \
+		IMAGE_ARCHIVE="$(IMAGE_ARCHIVE)" SAMPLE_IMAGE_ARCHIVE="$(SAMPLE_IMAGE_ARCHIVE)" go test -tags=e2e ./test/e2e/... $(E2E_FLAGS)
 
 .PHONY: test-e2e-kind
 test-e2e-kind: helm kind ## Run the end-to-end suite on kind (needs Docker): create the cluster, build and load the image, run test/e2e, delete the cluster.

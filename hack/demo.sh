@@ -2,7 +2,8 @@
 # make demo: the operator and its sample on the local cluster, on a machine
 # without Docker (docs/local-cluster.md).
 #
-#   1. starts the local cluster (or reuses the running one): go run ./hack/localcluster up
+#   1. starts the local cluster (or reuses the running one) with the images of
+#      make image-offline: go run ./hack/localcluster up --image ...
 #   2. starts PostgreSQL and Redis as host processes for the sample
 #   3. installs the operator with helm from charts/outbox-operator
 #   4. applies the sample (hack/localcluster/demo: config/samples with the
@@ -14,9 +15,8 @@
 # Idempotent: a second run reuses what runs. `make demo-down` removes it all.
 # Environment: LOCAL_CLUSTER_DIR (state dir), HELM, KUBECTL, ORDERS (default 3),
 # DEMO_WAIT (seconds to wait for the OutboxRelay's final state, default 120),
-# LOCAL_CLUSTER_NODE (process, the default, or kubelet: the real node, which
-# imports IMAGE_ARCHIVE and SAMPLE_IMAGE_ARCHIVE from make image-offline; a
-# running cluster keeps its node).
+# IMAGE_ARCHIVE and SAMPLE_IMAGE_ARCHIVE (the OCI archives of make
+# image-offline, which the node imports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,15 +30,13 @@ OPERATOR_NS=outbox-system
 
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
 
-NODE=${LOCAL_CLUSTER_NODE:-process}
-up_args=(--state-dir "$STATE" --node "$NODE")
-if [ "$NODE" = kubelet ]; then
-	hack/install-test-deps.sh --node
-	up_args+=(--image "${IMAGE_ARCHIVE:-bin/images/outbox-operator.oci.tar}"
-		--image "${SAMPLE_IMAGE_ARCHIVE:-bin/images/outbox-operator-sample.oci.tar}")
-fi
-say "Starting the local cluster (state: $STATE, node: $NODE)"
-go run ./hack/localcluster up "${up_args[@]}" >/dev/null
+images=("${IMAGE_ARCHIVE:-bin/images/outbox-operator.oci.tar}" "${SAMPLE_IMAGE_ARCHIVE:-bin/images/outbox-operator-sample.oci.tar}")
+for archive in "${images[@]}"; do
+	[ -f "$archive" ] || { echo "$archive is missing: make image-offline builds the images (make demo runs it)" >&2; exit 1; }
+done
+hack/install-test-deps.sh --node
+say "Starting the local cluster (state: $STATE)"
+go run ./hack/localcluster up --state-dir "$STATE" --image "${images[0]}" --image "${images[1]}" >/dev/null
 export KUBECONFIG="$STATE/kubeconfig"
 
 say "Starting PostgreSQL and Redis on the host for the sample"

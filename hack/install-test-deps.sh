@@ -31,7 +31,7 @@ pg_bindir() {
 
 have_redis() { command -v redis-server >/dev/null 2>&1 || [[ -x /usr/bin/redis-server ]]; }
 
-# --node: also what the local cluster's real node needs (make test-kubelet-node):
+# --node (make node-deps): also what the local cluster's node needs:
 # containerd with ctr and its runc shim, runc, the CNI plugins, iptables.
 with_node=false
 for arg in "$@"; do

@@ -92,22 +92,15 @@ func demoServicesRun(args []string) (err error) {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-	// The process node's pods reach the host's loopback through the gateway
-	// (its service proxy); the real node's reach the gateway itself, where
-	// the servers then listen too (PostgreSQL asks the pods for the
-	// sample's password).
-	var pgOpts []testenv.PostgresOption
-	redisOpts := []testenv.RedisOption{testenv.WithAppendOnly()}
-	if s.Node == cluster.NodeKubelet {
-		pgOpts = append(pgOpts, testenv.WithPostgresListen(s.Gateway, s.PodCIDR))
-		redisOpts = append(redisOpts, testenv.WithRedisArgs("--bind", "127.0.0.1", s.Gateway))
-	}
-	pg, err := testenv.LaunchPostgres(pgOpts...)
+	// Pods cannot reach the host's loopback: the servers also listen on the
+	// gateway, the host's address on the pod bridge (PostgreSQL asks the pod
+	// range for the sample's password; loopback stays trusted).
+	pg, err := testenv.LaunchPostgres(testenv.WithPostgresListen(s.Gateway, s.PodCIDR))
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, pg.Close()) }()
-	rd, err := testenv.LaunchRedis(redisOpts...)
+	rd, err := testenv.LaunchRedis(testenv.WithAppendOnly(), testenv.WithRedisArgs("--bind", "127.0.0.1", s.Gateway))
 	if err != nil {
 		return err
 	}

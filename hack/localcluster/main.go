@@ -1,17 +1,18 @@
 // Command localcluster runs the project's local Kubernetes cluster, which needs
 // no Docker: a real control plane (etcd, kube-apiserver,
-// kube-controller-manager, kube-scheduler) and one node that runs pods as
-// processes in network namespaces of their own. docs/local-cluster.md tells
-// how it is built and what it does not do.
+// kube-controller-manager, kube-scheduler) and one real node (a kubelet on
+// containerd and runc, kube-proxy, CoreDNS) that runs the images built from
+// the Dockerfile. docs/local-cluster.md tells how it is built and what still
+// differs from kind.
 //
-//	go run ./hack/localcluster up          # start (or reuse) the cluster; prints KUBECONFIG=<path>
+//	go run ./hack/localcluster up --image bin/images/outbox-operator.oci.tar  # start (or reuse) the cluster; prints KUBECONFIG=<path>
 //	go run ./hack/localcluster status      # which processes run
 //	go run ./hack/localcluster kubeconfig  # the admin kubeconfig's path
-//	go run ./hack/localcluster down        # stop everything, remove namespaces, interfaces and files
+//	go run ./hack/localcluster down        # stop everything; remove its rules, mounts, interfaces and files
 //
 // The state dir is $LOCAL_CLUSTER_DIR, or /var/lib/outbox-local-cluster.
-// `node` and `podexec` are run by the cluster itself; `demo-services` starts
-// the demo's PostgreSQL and Redis on the host (hack/demo.sh).
+// `demo-services` starts the demo's PostgreSQL and Redis on the host
+// (hack/demo.sh).
 package main
 
 import (
@@ -19,7 +20,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -28,7 +28,6 @@ import (
 	"time"
 
 	"github.com/outbox-dev/outbox-operator/test/localcluster/cluster"
-	"github.com/outbox-dev/outbox-operator/test/localcluster/node"
 )
 
 func main() {
@@ -46,18 +45,10 @@ func main() {
 		err = status(os.Args[2:])
 	case "kubeconfig":
 		err = kubeconfig(os.Args[2:])
-	case "node":
-		err = runNode(os.Args[2:])
 	case demoServices:
 		err = demoServicesCmd(os.Args[2:])
 	case "demo-services-run":
 		err = demoServicesRun(os.Args[2:])
-	case "podexec":
-		err = node.ExecPod(os.Args[2:])
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "podexec:", err)
-			os.Exit(127)
-		}
 	case "-h", "--help", "help":
 		usage()
 		return
@@ -75,7 +66,9 @@ func usage() {
 	fmt.Fprintln(os.Stderr, `usage: localcluster up|down|status|kubeconfig [--state-dir DIR]
 
   up          start the cluster, or reuse the one running; print KUBECONFIG=<path>
-  down        stop every process of the cluster by pid; remove its network namespaces, interfaces and state dir
+              (--image ARCHIVE imports an OCI archive of make image-offline; repeatable)
+  down        stop the pods, then every process of the cluster by pid; remove its
+              iptables rules, cgroups, mounts, bridge and state dir
   status      list the cluster's processes and whether they run
   kubeconfig  print the admin kubeconfig's path
 
@@ -90,14 +83,12 @@ func up(args []string) error {
 	fs := flag.NewFlagSet("up", flag.ExitOnError)
 	dir := stateFlag(fs)
 	repo := fs.String("repo", ".", "the checkout to build the binaries from")
-	assets := fs.String("assets", "", "dir of etcd, kube-apiserver, kube-controller-manager, kube-scheduler "+
-		"($"+cluster.EnvAssets+"; default: hack/setup-envtest.sh --with-control-plane)")
+	assets := fs.String("assets", "", "dir of etcd, kube-apiserver, kube-controller-manager, kube-scheduler, "+
+		"kubelet, kube-proxy, coredns ($"+cluster.EnvAssets+"; default: hack/setup-envtest.sh --with-node)")
 	podCIDR := fs.String("pod-cidr", "", "pod address range (default 10.244.0.0/16)")
-	bridge := fs.String("bridge", "", "name of the pod bridge, at most 5 characters (default obx0)")
-	nodeKind := fs.String("node", "", "the kind of node of a new cluster: "+cluster.NodeProcesses+
-		" (pods as host processes, the default) or "+cluster.NodeKubelet+" (a real kubelet on containerd and runc)")
+	bridge := fs.String("bridge", "", "name of the pod bridge (default obx0)")
 	var images imageList
-	fs.Var(&images, "image", "an OCI archive (make image-offline) for a "+cluster.NodeKubelet+" node to import; repeatable")
+	fs.Var(&images, "image", "an OCI archive (make image-offline) for the node to import; repeatable")
 	_ = fs.Parse(args)
 	repoAbs, err := filepath.Abs(*repo)
 	if err != nil {
@@ -108,7 +99,7 @@ func up(args []string) error {
 	defer cancel()
 	s, err := cluster.Up(ctx, cluster.Options{
 		StateDir: *dir, RepoDir: repoAbs, AssetsDir: *assets, PodCIDR: *podCIDR, Bridge: *bridge, Out: os.Stderr,
-		Node: *nodeKind, Images: images,
+		Images: images,
 	})
 	if err != nil {
 		if s != nil {
@@ -191,14 +182,4 @@ func kubeconfig(args []string) error {
 	}
 	fmt.Println(s.Kubeconfig())
 	return nil
-}
-
-func runNode(args []string) error {
-	fs := flag.NewFlagSet("node", flag.ExitOnError)
-	dir := stateFlag(fs)
-	_ = fs.Parse(args)
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
-	return node.Run(ctx, *dir, log)
 }

@@ -123,10 +123,11 @@ type PostgresServer struct {
 }
 
 // StartPostgres starts a dedicated PostgreSQL server for this test, with a
-// database "outbox" on it. It is stopped, and its data dir removed, in t.Cleanup.
-func StartPostgres(t testing.TB) *PostgresServer {
+// database "outbox" on it (opts as for LaunchPostgres). It is stopped, and
+// its data dir removed, in t.Cleanup.
+func StartPostgres(t testing.TB, opts ...PostgresOption) *PostgresServer {
 	t.Helper()
-	s, err := newPostgresServer()
+	s, err := newPostgresServer(opts...)
 	if err != nil {
 		fail(t, err)
 		return nil

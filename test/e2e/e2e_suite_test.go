@@ -31,7 +31,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -178,31 +177,27 @@ func setUpLocal() {
 	env.ordersURL = "http://" + ip + ":8080"
 
 	env.killContainer = func(pod, container string) error {
-		dirs, err := filepath.Glob(filepath.Join(env.stateDir, "pods", namespace+"_"+pod+"_*"))
-		if err != nil || len(dirs) != 1 {
-			return fmt.Errorf("pod dir of %s: %v (%d found)", pod, err, len(dirs))
-		}
-		b, err := os.ReadFile(filepath.Join(dirs[0], container+".pid"))
-		if err != nil {
-			return err
-		}
-		// The pid file holds "<pid> <binary>"; a pid counts only while
-		// /proc/<pid>/exe is still that binary.
-		f := strings.Fields(string(b))
-		if len(f) == 0 {
-			return fmt.Errorf("empty pid file in %s", dirs[0])
-		}
-		pid, err := strconv.Atoi(f[0])
-		if err != nil {
-			return err
-		}
-		if len(f) > 1 {
-			if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || exe != f[1] {
-				return fmt.Errorf("pid %d is not %s (%s, %v)", pid, f[1], exe, err)
-			}
-		}
-		return syscall.Kill(pid, syscall.SIGKILL)
+		return killLocalContainer(pod, container)
 	}
+}
+
+// killLocalContainer SIGKILLs a container of the local cluster's node through
+// its containerd (ctr task kill), as the OOM killer or a crash would end it;
+// the kubelet then restarts it, as on any node.
+func killLocalContainer(pod, container string) error {
+	id := kubectl("-n", namespace, "get", "pod", pod, "-o",
+		fmt.Sprintf(`jsonpath={.status.containerStatuses[?(@.name=="%s")].containerID}`, container))
+	id, ok := strings.CutPrefix(id, "containerd://")
+	if !ok {
+		return fmt.Errorf("container %s of pod %s: no containerd id (%q)", container, pod, id)
+	}
+	sock := filepath.Join(env.stateDir, "node", "containerd", "containerd.sock")
+	out, err := exec.Command("ctr", "--address", sock, "--namespace", "k8s.io",
+		"task", "kill", "--signal", "SIGKILL", id).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ctr task kill %s: %v: %s", id, err, out)
+	}
+	return nil
 }
 
 // setUpRemote installs the chart and the sample on the cluster of the

@@ -1,11 +1,11 @@
 // Package cluster brings the local cluster up and down as a whole: the state
-// dir and its cluster.json, the binaries built from this repo, the control
-// plane (package controlplane) and the node process (package node, run by
-// `localcluster node`).
+// dir and its cluster.json, the programs built from this repo, the control
+// plane (package controlplane) and the node (package kubelet: a kubelet on
+// containerd and runc, kube-proxy and CoreDNS).
 //
 // Everything the cluster runs is recorded by pid under <state>/pids and
-// stopped by pid in Down; Down then removes the network namespaces, interfaces
-// and files the cluster created.
+// stopped by pid in Down; Down then removes the pod sandboxes, iptables rules,
+// cgroups, mounts, interfaces and files the cluster created.
 package cluster
 
 import (
@@ -20,13 +20,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/outbox-dev/outbox-operator/test/localcluster/controlplane"
 	"github.com/outbox-dev/outbox-operator/test/localcluster/kubelet"
-	"github.com/outbox-dev/outbox-operator/test/localcluster/netns"
 	"github.com/outbox-dev/outbox-operator/test/localcluster/supervise"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,26 +41,20 @@ const (
 	EnvAssets = "LOCAL_CLUSTER_ASSETS"
 )
 
-// DefaultStateDir holds the running cluster. It is outside /root and /tmp:
-// pods run as their runAsUser (65532 for this project's image) and must be
-// able to execute the binaries under it; and it lives as long as the cluster.
+// DefaultStateDir holds the running cluster. It is outside /tmp, as it lives
+// as long as the cluster.
 const DefaultStateDir = "/var/lib/outbox-local-cluster"
 
-// NodeProcess is the name of the node's pid file and log.
-const NodeProcess = "node"
-
-// The kinds of node (Options.Node): the process node runs each pod as host
-// processes (package node, a virtual-kubelet); the kubelet node is a real
+// NodeKubelet is State.Node of every cluster this package makes: a real
 // kubelet on containerd and runc, running the images built from the
-// Dockerfile (package kubelet).
-const (
-	NodeProcesses = "process"
-	NodeKubelet   = "kubelet"
-)
+// Dockerfile (package kubelet). An older checkout's clusters ran pods as host
+// processes instead (State.Node "process" or empty); Up refuses such a state
+// dir and Down still removes it.
+const NodeKubelet = "kubelet"
 
-// ProjectImage and SampleImage are the image repositories whose containers
-// the node runs from the binaries of this repo: the operator's image and the
-// sample application's (the Dockerfile's targets operator and sample).
+// ProjectImage and SampleImage are the image repositories of this repo's
+// images (make image-offline): the operator's and the sample application's
+// (the Dockerfile's default target and its target sample).
 const (
 	ProjectImage = "ghcr.io/outbox-dev/outbox-operator"
 	SampleImage  = "ghcr.io/outbox-dev/outbox-operator-sample"
@@ -73,26 +65,25 @@ const (
 // agrees with it.
 type State struct {
 	controlplane.Config
-	// Gateway is the host's address on the pod bridge (first of PodCIDR). The
-	// service proxy delivers traffic for it to the host's loopback.
+	// Gateway is the host's address on the pod bridge (first of PodCIDR):
+	// the node's address, where the API server and the kubelet listen.
 	Gateway string
-	// ServiceAddress is the address of the services namespace on the bridge
-	// (the last usable of PodCIDR), where the service proxy listens.
-	ServiceAddress string
-	// Bridge is the host's bridge of the pod network; NetnsPrefix starts the
-	// name of every pod's network namespace (and the host end of its veth).
+	// Bridge is the host's bridge of the pod network. NetnsPrefix named the
+	// network namespaces of an older checkout's process node (Down removes
+	// any left).
 	Bridge      string
-	NetnsPrefix string
+	NetnsPrefix string `json:",omitempty"`
 	KubeletPort int
-	// Node is the kind of node (NodeProcesses or NodeKubelet; empty is
-	// NodeProcesses), chosen at the first up.
+	// Node is NodeKubelet; "process" or empty in a state dir of an older
+	// checkout.
 	Node string `json:",omitempty"`
-	// KubeletHealthzPort is the real kubelet's /healthz on 127.0.0.1;
+	// KubeletHealthzPort is the kubelet's /healthz on 127.0.0.1;
 	// ProxyHealthzPort and ProxyMetricsPort are kube-proxy's.
 	KubeletHealthzPort int `json:",omitempty"`
 	ProxyHealthzPort   int `json:",omitempty"`
 	ProxyMetricsPort   int `json:",omitempty"`
-	// BinDir holds manager, relay, orders-api, worker and localcluster, built at up.
+	// BinDir holds the programs built at up: localcluster (the demo's
+	// servers) and pause (the node's pause image).
 	BinDir string
 	// RepoDir is the checkout the binaries were built from.
 	RepoDir string
@@ -106,13 +97,10 @@ type Options struct {
 	// PodCIDR, ServiceCIDR and Bridge default to 10.244.0.0/16, 10.96.0.0/16, obx0.
 	PodCIDR, ServiceCIDR, Bridge string
 	NodeName                     string
-	// Node is the kind of node of a new cluster: NodeProcesses (the default)
-	// or NodeKubelet. A running cluster keeps its kind.
-	Node string
-	// Images are OCI archives (make image-offline) that a kubelet node
-	// imports into containerd.
+	// Images are OCI archives (make image-offline) that the node imports
+	// into containerd.
 	Images []string
-	// SkipBuild reuses the binaries in <state>/bin.
+	// SkipBuild reuses the programs in <state>/bin.
 	SkipBuild bool
 	Out       io.Writer
 }
@@ -146,16 +134,12 @@ func (s *State) save() error {
 	return os.WriteFile(filepath.Join(s.StateDir, "cluster.json"), b, 0o644)
 }
 
-// NodePidFile is the node process's pid file.
-func (s *State) NodePidFile() string { return filepath.Join(s.PidDir(), NodeProcess+".pid") }
+// legacyPodsDir held the pods of an older checkout's process node.
+func (s *State) legacyPodsDir() string { return filepath.Join(s.StateDir, "pods") }
 
-// PodsDir holds one dir per pod: hosts, service-account files, container logs.
-func (s *State) PodsDir() string { return filepath.Join(s.StateDir, "pods") }
-
-// Network describes the pod network for package netns.
-func (s *State) Network() netns.Network {
-	return netns.Network{Bridge: s.Bridge, Prefix: s.NetnsPrefix, CIDR: s.PodCIDR, Gateway: s.Gateway,
-		ServiceCIDR: s.ServiceCIDR, ServiceAddress: s.ServiceAddress}
+// bridge describes the pod bridge for package kubelet.
+func (s *State) bridge() kubelet.Bridge {
+	return kubelet.Bridge{Name: s.Bridge, CIDR: s.PodCIDR, Gateway: s.Gateway, LegacyPrefix: s.NetnsPrefix}
 }
 
 func newState(o Options) (*State, error) {
@@ -165,13 +149,9 @@ func newState(o Options) (*State, error) {
 	s.PodCIDR = cmpOr(o.PodCIDR, "10.244.0.0/16")
 	s.ServiceCIDR = cmpOr(o.ServiceCIDR, "10.96.0.0/16")
 	s.Bridge = cmpOr(o.Bridge, "obx0")
-	s.NetnsPrefix = s.Bridge + "-"
 	s.RepoDir = o.RepoDir
 	s.BinDir = filepath.Join(o.StateDir, "bin")
-	s.Node = cmpOr(o.Node, NodeProcesses)
-	if s.Node != NodeProcesses && s.Node != NodeKubelet {
-		return nil, fmt.Errorf("node kind %q: must be %s or %s", s.Node, NodeProcesses, NodeKubelet)
-	}
+	s.Node = NodeKubelet
 	svcIP, err := nthIP(s.ServiceCIDR, 1)
 	if err != nil {
 		return nil, err
@@ -180,15 +160,9 @@ func newState(o Options) (*State, error) {
 	if s.Gateway, err = nthIP(s.PodCIDR, 1); err != nil {
 		return nil, err
 	}
-	s.AdvertiseAddress = s.Gateway
-	if s.Node == NodeKubelet {
-		// Pods reach the API server where the kubernetes Service's
-		// endpoint is: the host's address on the bridge.
-		s.BindAddress = s.Gateway
-	}
-	if s.ServiceAddress, err = lastIP(s.PodCIDR); err != nil {
-		return nil, err
-	}
+	// Pods reach the API server where the kubernetes Service's endpoint is:
+	// the host's address on the bridge.
+	s.AdvertiseAddress, s.BindAddress = s.Gateway, s.Gateway
 	for _, p := range []*int{
 		&s.EtcdPort, &s.EtcdPeerPort, &s.APIServerPort, &s.ControllerManagerPort, &s.SchedulerPort,
 		&s.KubeletPort, &s.KubeletHealthzPort, &s.ProxyHealthzPort, &s.ProxyMetricsPort,
@@ -215,24 +189,6 @@ func nthIP(cidr string, n byte) (string, error) {
 	return out.String(), nil
 }
 
-// lastIP is the last usable address of cidr (before the broadcast address).
-func lastIP(cidr string) (string, error) {
-	_, ipnet, err := net.ParseCIDR(cidr)
-	if err != nil {
-		return "", err
-	}
-	ip := ipnet.IP.To4()
-	if ip == nil {
-		return "", fmt.Errorf("%s: only IPv4 ranges are supported", cidr)
-	}
-	out := make(net.IP, 4)
-	for i := range out {
-		out[i] = ip[i] | ^ipnet.Mask[i]
-	}
-	out[3]--
-	return out.String(), nil
-}
-
 func cmpOr(a, b string) string {
 	if a != "" {
 		return a
@@ -240,21 +196,17 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-// Up starts what is not running yet and waits until the node is Ready. A
-// cluster that runs already is reused as it is.
+// Up starts what is not running yet and waits until the node is Ready and
+// the cluster DNS runs. A cluster that runs already is reused as it is.
 func Up(ctx context.Context, o Options) (*State, error) {
 	out := o.Out
 	if out == nil {
 		out = io.Discard
 	}
 	if os.Geteuid() != 0 {
-		return nil, errors.New("the local cluster needs root: it creates network namespaces, veth pairs and a bridge")
+		return nil, errors.New("the local cluster needs root: it runs containerd and the kubelet, and makes a bridge, iptables rules and cgroups")
 	}
 	if err := os.MkdirAll(o.StateDir, 0o755); err != nil {
-		return nil, err
-	}
-	// Pods run as their runAsUser and must reach the binaries under the state dir.
-	if err := os.Chmod(o.StateDir, 0o755); err != nil {
 		return nil, err
 	}
 	s, err := Load(o.StateDir)
@@ -265,40 +217,35 @@ func Up(ctx context.Context, o Options) (*State, error) {
 	} else if err != nil {
 		return nil, err
 	}
+	if s.Node != NodeKubelet {
+		return nil, fmt.Errorf("%s holds a cluster of an older checkout, whose node ran pods as host processes; "+
+			"remove it first: go run ./hack/localcluster down --state-dir %s (make demo-down)", s.StateDir, s.StateDir)
+	}
 	if o.RepoDir != "" {
 		s.RepoDir = o.RepoDir
 	}
-	if s.Node == "" { // a state dir of before the kubelet node
-		s.Node = NodeProcesses
+	if s.AssetsDir, err = assets(ctx, o, s.RepoDir); err != nil {
+		return nil, err
 	}
-	realNode := s.Node == NodeKubelet
-	if s.AssetsDir, err = assets(ctx, o, s.RepoDir, realNode); err != nil {
+	// Missing packages, binaries or cgroup controllers are named before
+	// anything starts.
+	if err := kubelet.Preflight(s.KubeletConfig()); err != nil {
 		return nil, err
 	}
 	if err := s.save(); err != nil {
 		return nil, err
 	}
-	nodePid, nodeAlive := supervise.AliveFromFile(s.NodePidFile())
-	// Built every time (seconds when cached): a running node keeps its binary,
-	// new pods get the new ones.
 	if !o.SkipBuild {
 		start := time.Now()
-		_, _ = fmt.Fprintf(out, "Building the binaries into %s ...\n", s.BinDir)
+		_, _ = fmt.Fprintf(out, "Building localcluster and pause into %s ...\n", s.BinDir)
 		if err := build(ctx, s.RepoDir, s.BinDir); err != nil {
 			return nil, err
 		}
-		if realNode {
-			if err := buildStatic(ctx, s.RepoDir, s.BinDir, "./test/localcluster/pause"); err != nil {
-				return nil, err
-			}
-		}
 		_, _ = fmt.Fprintf(out, "Built in %s.\n", time.Since(start).Round(100*time.Millisecond))
 	}
-	if realNode {
-		// The API server listens on the bridge's address.
-		if err := netns.EnsureBridge(s.Network()); err != nil {
-			return s, err
-		}
+	// The API server listens on the bridge's address.
+	if err := kubelet.EnsureBridge(s.bridge()); err != nil {
+		return s, err
 	}
 	started, err := controlplane.Start(ctx, s.Config)
 	for _, name := range started {
@@ -307,24 +254,7 @@ func Up(ctx context.Context, o Options) (*State, error) {
 	if err != nil {
 		return s, err
 	}
-	if realNode {
-		return s, upKubelet(ctx, s, o.Images, out)
-	}
-	if !nodeAlive {
-		pid, err := supervise.Start(supervise.Spec{
-			Name: NodeProcess, Path: filepath.Join(s.BinDir, "localcluster"),
-			Args: []string{"node", "--state-dir", s.StateDir},
-		}, s.PidDir(), s.LogDir())
-		if err != nil {
-			return s, err
-		}
-		nodePid = pid
-		_, _ = fmt.Fprintf(out, "Started the node %s (pid %d, log: %s).\n", s.NodeName, pid, filepath.Join(s.LogDir(), NodeProcess+".log"))
-	}
-	if err := waitNodeReady(ctx, s, nodePid, NodeProcess); err != nil {
-		return s, err
-	}
-	return s, nil
+	return s, upKubelet(ctx, s, o.Images, out)
 }
 
 // upKubelet starts the real node (containerd, the kubelet, kube-proxy) on
@@ -373,56 +303,36 @@ func (s *State) ClusterDNS() string {
 	return ip
 }
 
-// assets finds the control plane binaries (and the node's, withNode).
-func assets(ctx context.Context, o Options, repo string, withNode bool) (string, error) {
+// assets finds the binaries of the control plane and the node.
+func assets(ctx context.Context, o Options, repo string) (string, error) {
 	if o.AssetsDir != "" {
 		return o.AssetsDir, nil
 	}
 	if d := os.Getenv(EnvAssets); d != "" {
 		return d, nil
 	}
-	flag := "--with-control-plane"
-	if withNode {
-		flag = "--with-node"
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(repo, "hack/setup-envtest.sh"), flag)
+	cmd := exec.CommandContext(ctx, filepath.Join(repo, "hack/setup-envtest.sh"), "--with-node")
 	cmd.Dir = repo
 	cmd.Stderr = os.Stderr
 	b, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("hack/setup-envtest.sh --with-control-plane: %w", err)
+		return "", fmt.Errorf("hack/setup-envtest.sh --with-node: %w", err)
 	}
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return strings.TrimSpace(lines[len(lines)-1]), nil
 }
 
-// buildStatic compiles one program of this repo without cgo into dir, for an
-// image with nothing else in it.
-func buildStatic(ctx context.Context, repo, dir, pkg string) error {
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", pkg)
-	cmd.Dir = repo
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	cmd.Stdout, cmd.Stderr = &stderr, &stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("go build %s: %w\n%s", pkg, err, stderr.String())
-	}
-	return nil
-}
-
-// buildPackages are what build compiles: every binary of cmd/ (the
-// operator's), of examples/orders/cmd/ (the sample application's, which the
-// node runs for the sample's image) and the localcluster command.
-var buildPackages = []string{"./cmd/...", "./examples/orders/cmd/...", "./hack/localcluster"}
-
-// build compiles buildPackages into dir.
+// build compiles the localcluster command (which starts the demo's servers)
+// and the pause program into dir, without cgo: pause goes into an image with
+// nothing else in it.
 func build(ctx context.Context, repo, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "go", append([]string{"build", "-o", dir + "/"}, buildPackages...)...)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", "./hack/localcluster", "./test/localcluster/pause")
 	cmd.Dir = repo
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("go build: %w\n%s", err, stderr.String())
@@ -469,17 +379,13 @@ func waitNodeReady(ctx context.Context, s *State, pid int, process string) error
 // Status lists each process of the cluster and whether it runs.
 func Status(s *State) map[string]bool {
 	m := controlplane.Running(s.Config)
-	if s.Node == NodeKubelet {
-		maps.Copy(m, kubelet.Running(s.KubeletConfig()))
-		return m
-	}
-	_, m[NodeProcess] = supervise.AliveFromFile(s.NodePidFile())
+	maps.Copy(m, kubelet.Running(s.KubeletConfig()))
 	return m
 }
 
-// Down stops the node (which stops its pods and removes their namespaces) and
-// the control plane by pid, stops any pod process the node left behind, removes
-// the pod network and, unless keepState, the state dir.
+// Down stops the node (its pods first, through the CRI) and the control plane
+// by pid, removes what the node made (iptables rules, cgroups, mounts), the
+// pod bridge and, unless keepState, the state dir.
 func Down(s *State, keepState bool) error {
 	var errs []error
 	if s.Node == NodeKubelet {
@@ -487,16 +393,14 @@ func Down(s *State, keepState bool) error {
 		// addresses while the bridge is still there.
 		errs = append(errs, kubelet.Stop(s.KubeletConfig()))
 	} else {
-		errs = append(errs, supervise.Stop(s.NodePidFile(), 60*time.Second), stopLeftoverPods(s))
+		// An older checkout's process node: its pid file is among those
+		// below, its pods' processes have pid files of their own.
+		errs = append(errs, stopAll(filepath.Join(s.PidDir(), "node.pid")), stopAll(filepath.Join(s.legacyPodsDir(), "*", "*.pid")))
 	}
-	errs = append(errs, controlplane.Stop(s.Config), netns.Teardown(s.Network()))
+	errs = append(errs, controlplane.Stop(s.Config), kubelet.RemoveBridge(s.bridge()))
 	// Extra processes the demo recorded (its PostgreSQL and Redis), listed after
 	// the stops above, which remove the pid files of what they stopped.
-	extra, _ := filepath.Glob(filepath.Join(s.PidDir(), "*.pid"))
-	errs = slices.Grow(errs, len(extra))
-	for _, f := range extra {
-		errs = append(errs, supervise.Stop(f, 30*time.Second))
-	}
+	errs = append(errs, stopAll(filepath.Join(s.PidDir(), "*.pid")))
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -506,13 +410,12 @@ func Down(s *State, keepState bool) error {
 	return os.RemoveAll(s.StateDir)
 }
 
-// stopLeftoverPods stops container processes whose pid files remain, which
-// happens only when the node process died without stopping them.
-func stopLeftoverPods(s *State) error {
-	files, _ := filepath.Glob(filepath.Join(s.PodsDir(), "*", "*.pid"))
+// stopAll stops the process of every pid file that matches pattern.
+func stopAll(pattern string) error {
+	files, _ := filepath.Glob(pattern)
 	errs := make([]error, 0, len(files))
 	for _, f := range files {
-		errs = append(errs, supervise.Stop(f, 5*time.Second))
+		errs = append(errs, supervise.Stop(f, 30*time.Second))
 	}
 	return errors.Join(errs...)
 }

@@ -43,7 +43,6 @@ var Components = []string{Etcd, APIServer, ControllerManager, Scheduler}
 const (
 	KubeconfigControllerManager = "kube-controller-manager"
 	KubeconfigScheduler         = "kube-scheduler"
-	KubeconfigNode              = "node"
 	// KubeconfigKubelet is the real kubelet's: system:node:<name> in
 	// system:nodes, as the Node authorizer and NodeRestriction expect.
 	KubeconfigKubelet = "kubelet-client"
@@ -85,7 +84,7 @@ func (c Config) LogDir() string     { return filepath.Join(c.StateDir, "logs") }
 func (c Config) PidDir() string     { return filepath.Join(c.StateDir, "pids") }
 func (c Config) Kubeconfig() string { return filepath.Join(c.StateDir, "kubeconfig") }
 
-// ComponentKubeconfig is the kubeconfig of a component (KubeconfigNode, ...).
+// ComponentKubeconfig is the kubeconfig of a component (KubeconfigKubelet, ...).
 func (c Config) ComponentKubeconfig(name string) string {
 	return filepath.Join(c.StateDir, "kubeconfigs", name)
 }
@@ -117,14 +116,9 @@ func (c Config) Certs() []pki.Cert {
 		{Name: "admin", CommonName: "local-admin", Organizations: []string{systemMasters}, Client: true},
 		{Name: KubeconfigControllerManager, CommonName: "system:kube-controller-manager", Client: true},
 		{Name: KubeconfigScheduler, CommonName: "system:kube-scheduler", Client: true},
-		// The node runs as a cluster admin, not as system:node:<name>: its informers
-		// list Secrets, ConfigMaps and Services cluster-wide, which the Node
-		// authorizer does not grant (docs/local-cluster.md).
-		{Name: KubeconfigNode, CommonName: "system:node-admin:" + c.NodeName, Organizations: []string{systemMasters}, Client: true},
 		{Name: KubeconfigKubelet, CommonName: "system:node:" + c.NodeName, Organizations: []string{"system:nodes"}, Client: true},
 		{Name: KubeconfigProxy, CommonName: "system:kube-proxy", Client: true},
-		// The kubelet API: on 127.0.0.1 for the process node, on the node's
-		// address (the pod network's gateway) for the real kubelet.
+		// The kubelet API, on the node's address (the pod network's gateway).
 		{Name: "kubelet", CommonName: c.NodeName, Server: true,
 			DNSNames: []string{"localhost", c.NodeName}, IPs: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(c.AdvertiseAddress)}},
 	}
@@ -151,7 +145,7 @@ func Prepare(c Config) error {
 	if err := writeKubeconfig(c, c.Kubeconfig(), "admin"); err != nil {
 		return err
 	}
-	for _, name := range []string{KubeconfigControllerManager, KubeconfigScheduler, KubeconfigNode, KubeconfigKubelet, KubeconfigProxy} {
+	for _, name := range []string{KubeconfigControllerManager, KubeconfigScheduler, KubeconfigKubelet, KubeconfigProxy} {
 		if err := writeKubeconfig(c, c.ComponentKubeconfig(name), name); err != nil {
 			return err
 		}

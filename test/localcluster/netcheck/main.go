@@ -133,7 +133,9 @@ func serve(port string) error {
 	srv := &http.Server{
 		Addr:              ":" + port,
 		ReadHeaderTimeout: 5 * time.Second,
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// Each request is logged, for kubectl logs and attach.
+			_, _ = fmt.Printf("served %s %s\n", r.Method, r.URL.Path)
 			_, _ = fmt.Fprintf(w, "netcheck %s\n", hostname)
 		}),
 	}
