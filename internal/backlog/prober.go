@@ -465,6 +465,12 @@ func (p *Prober) finish(key types.NamespacedName, c check, res *Result, connErr 
 		if res.Redis == nil && e.last != nil {
 			res.Redis = e.last.Redis
 		}
+		// The backoff counts the failures in a row of one kind: a database
+		// that stops answering after a missing table backs off from the
+		// start, not from where the missing table's count had got to.
+		if res.Failure != nil && e.last != nil && e.last.Failure != nil && e.last.Failure.answered() != res.Failure.answered() {
+			e.failures = 0
+		}
 		e.last = res
 		e.seenAt = time.Time{}
 		if res.Failure != nil {

@@ -485,6 +485,13 @@ func TestProberChecksAMissingTableEveryInterval(t *testing.T) {
 		}
 		require.Equal(t, []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
 			30 * time.Second, 30 * time.Second, 30 * time.Second, 30 * time.Second}, waits, "%v: soon, then every interval", missing)
+
+		// The database then stops answering: its backoff starts over.
+		b.measurer.set("a", func(context.Context) (outbox.Backlog, error) { return outbox.Backlog{}, errors.New("boom") })
+		b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
+		b.waitNotified(t, key("a"))
+		obs := b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
+		require.Equal(t, 2*time.Second, obs.NextCheckIn, "%v, then unreachable: the first retry", missing)
 	}
 }
 
