@@ -44,7 +44,7 @@ done
 missing=()
 have_redis || missing+=(redis-server)
 pg_bindir >/dev/null || missing+=(postgresql)
-command -v ip >/dev/null 2>&1 || missing+=(iproute2) # the local cluster's network namespaces
+command -v ip >/dev/null 2>&1 || missing+=(iproute2) # the local cluster's bridge
 if $with_node; then
 	{ command -v containerd && command -v ctr && command -v containerd-shim-runc-v2; } >/dev/null 2>&1 || missing+=(containerd)
 	command -v runc >/dev/null 2>&1 || missing+=(runc)

@@ -546,7 +546,7 @@ spec:
 					return err.Error()
 				}).WithTimeout(2*time.Minute).Should(ContainSubstring("NotFound"), child)
 			}
-			Eventually(func() []string { return relayPods(name) }).WithTimeout(2 * time.Minute).Should(BeEmpty())
+			waitRelayPodsGone(name)
 
 			By("nothing relays the table any more")
 			before := streamLen(stream)

@@ -67,7 +67,7 @@ spec:
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(func() {
 		_, _ = kubectlErr("-n", namespace, "delete", "outboxrelay", name, "--ignore-not-found", "--wait=true", "--timeout=2m")
-		Eventually(func() []string { return relayPods(name) }).WithTimeout(2 * time.Minute).Should(BeEmpty())
+		waitRelayPodsGone(name)
 	})
 }
 
@@ -245,6 +245,16 @@ func ownedPartitionsOf(pods []string) map[string][]int64 {
 		}
 	}
 	return owned
+}
+
+// waitRelayPodsGone waits until an OutboxRelay has no relay pod left,
+// terminating ones included: a pod relays until its process has stopped.
+func waitRelayPodsGone(name string) {
+	GinkgoHelper()
+	Eventually(func() (string, error) {
+		return kubectlErr("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/component=relay,app.kubernetes.io/instance="+name,
+			"-o", "name")
+	}).WithTimeout(2*time.Minute).Should(BeEmpty(), "the relay pods of %s, terminating ones included", name)
 }
 
 // allRelayPods lists the relay pods of an OutboxRelay, terminating ones

@@ -36,8 +36,8 @@ import (
 const (
 	// EnvStateDir overrides DefaultStateDir.
 	EnvStateDir = "LOCAL_CLUSTER_DIR"
-	// EnvAssets names the dir of the control plane binaries (default: the
-	// output of hack/setup-envtest.sh --with-control-plane).
+	// EnvAssets names the dir of the control plane's and the node's
+	// binaries (default: the output of hack/setup-envtest.sh --with-node).
 	EnvAssets = "LOCAL_CLUSTER_ASSETS"
 )
 
@@ -210,7 +210,8 @@ func Up(ctx context.Context, o Options) (*State, error) {
 		return nil, err
 	}
 	s, err := Load(o.StateDir)
-	if errors.Is(err, os.ErrNotExist) {
+	fresh := errors.Is(err, os.ErrNotExist)
+	if fresh {
 		if s, err = newState(o); err != nil {
 			return nil, err
 		}
@@ -227,9 +228,15 @@ func Up(ctx context.Context, o Options) (*State, error) {
 	if s.AssetsDir, err = assets(ctx, o, s.RepoDir); err != nil {
 		return nil, err
 	}
-	// Missing packages, binaries or cgroup controllers are named before
-	// anything starts.
+	// Missing packages, binaries or cgroup controllers, another cluster and
+	// a port taken by another program are named before anything starts.
 	if err := kubelet.Preflight(s.KubeletConfig()); err != nil {
+		if fresh {
+			_ = os.Remove(o.StateDir) // only if still empty
+		}
+		return nil, err
+	}
+	if err := portsFree(s); err != nil {
 		return nil, err
 	}
 	if err := s.save(); err != nil {
@@ -255,6 +262,38 @@ func Up(ctx context.Context, o Options) (*State, error) {
 		return s, err
 	}
 	return s, upKubelet(ctx, s, o.Images, out)
+}
+
+// portsFree checks that the ports of each process of the cluster that is not
+// running are free: they were chosen free at the first up, and another
+// program may have taken one since (after a reboot, say).
+func portsFree(s *State) error {
+	running := Status(s)
+	ports := []struct {
+		name string
+		port int
+	}{
+		{controlplane.Etcd, s.EtcdPort}, {controlplane.Etcd, s.EtcdPeerPort},
+		{controlplane.APIServer, s.APIServerPort}, {controlplane.ControllerManager, s.ControllerManagerPort},
+		{controlplane.Scheduler, s.SchedulerPort}, {kubelet.Kubelet, s.KubeletPort},
+		{kubelet.Kubelet, s.KubeletHealthzPort}, {kubelet.KubeProxy, s.ProxyHealthzPort},
+		{kubelet.KubeProxy, s.ProxyMetricsPort},
+	}
+	var errs []error
+	for _, p := range ports {
+		if running[p.name] || p.port == 0 {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf(":%d", p.port))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("port %d of %s is taken by another program (%w): stop that program, "+
+				"or remove this cluster (go run ./hack/localcluster down --state-dir %s) so that the next up picks free ports",
+				p.port, p.name, err, s.StateDir))
+			continue
+		}
+		_ = l.Close()
+	}
+	return errors.Join(errs...)
 }
 
 // upKubelet starts the real node (containerd, the kubelet, kube-proxy) on
@@ -383,8 +422,9 @@ func Status(s *State) map[string]bool {
 	return m
 }
 
-// Down stops the node (its pods first, through the CRI) and the control plane
-// by pid, removes what the node made (iptables rules, cgroups, mounts), the
+// Down stops the node (kubelet.Stop: the kubelet, then every pod sandbox
+// through the CRI, then containerd and kube-proxy, and what they made:
+// iptables rules, cgroups, mounts) and the control plane by pid, removes the
 // pod bridge and, unless keepState, the state dir.
 func Down(s *State, keepState bool) error {
 	var errs []error

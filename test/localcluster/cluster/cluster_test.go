@@ -179,6 +179,31 @@ func TestLocalCluster(t *testing.T) {
 	t.Run("the image under restricted Pod Security", func(t *testing.T) { testRestrictedImage(t, s, cs) })
 	t.Run("Services and DNS", func(t *testing.T) { testServices(t, s, cs) })
 	t.Run("Deployments and Jobs", func(t *testing.T) { testWorkloads(t, s, cs) })
+	t.Run("a stopped cluster starts again", func(t *testing.T) { testRestart(t, s) })
+}
+
+// testRestart: a cluster stopped with its state kept (a reboot, say) starts
+// again from it, and a port of it that another program took meanwhile is
+// named before anything starts.
+func testRestart(t *testing.T, s *cluster.State) {
+	require.NoError(t, cluster.Down(s, true))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	again := cluster.Options{StateDir: s.StateDir, RepoDir: s.RepoDir, SkipBuild: true, Out: testWriter{t}}
+
+	taken, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", s.APIServerPort))
+	require.NoError(t, err)
+	_, err = cluster.Up(ctx, again)
+	require.ErrorContains(t, err, fmt.Sprintf("port %d of kube-apiserver is taken by another program", s.APIServerPort))
+	require.NoError(t, taken.Close())
+
+	_, err = cluster.Up(ctx, again)
+	require.NoError(t, err, "up of the stopped cluster")
+	cs, err := s.Client()
+	require.NoError(t, err)
+	pods, err := cs.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-dns"})
+	require.NoError(t, err)
+	require.NotEmpty(t, pods.Items, "CoreDNS after the restart")
 }
 
 // testNode: the Node is registered, Ready and schedulable like any other,
@@ -253,16 +278,22 @@ func testServices(t *testing.T, s *cluster.State, cs kubernetes.Interface) {
 
 	// kubectl port-forward and attach, both served by the kubelet: a request
 	// through the forwarded port shows in the attached output.
+	// attach streams only what is written after it connects, so the
+	// request is repeated until its line shows.
 	attached := attachToPod(t, s, cs, ns, "web")
 	port := portForward(t, s, cs, ns, "web", 8080)
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/through-port-forward", port))
-	require.NoError(t, err, "GET through kubectl port-forward")
-	body, _ := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	require.Contains(t, string(body), "netcheck web")
-	eventually(t, 30*time.Second, "the request in the attached output", func() (bool, string) {
+	eventually(t, 30*time.Second, "a request through port-forward in the attached output", func() (bool, string) {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/through-port-forward", port))
+		if err != nil {
+			return false, "GET through kubectl port-forward: " + err.Error()
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if !strings.Contains(string(body), "netcheck web") {
+			return false, "GET through kubectl port-forward answered " + string(body)
+		}
 		out := attached.String()
-		return strings.Contains(out, "served GET /through-port-forward"), out
+		return strings.Contains(out, "served GET /through-port-forward"), "attached output: " + out
 	})
 
 	_, err = cs.CoreV1().Pods(ns).Create(ctx, restrictedPod("web-check", netcheckImage,
@@ -617,7 +648,9 @@ func attachToPod(t *testing.T, s *cluster.State, cs kubernetes.Interface, ns, po
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = attach.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: out, Stderr: out})
+		if err := attach.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: out, Stderr: out}); err != nil && ctx.Err() == nil {
+			_, _ = fmt.Fprintf(out, "[kubectl attach ended: %v]", err)
+		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return out
@@ -637,18 +670,20 @@ func portForward(t *testing.T, s *cluster.State, cs kubernetes.Interface, ns, po
 	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", port)},
 		stop, ready, io.Discard, testWriter{t})
 	require.NoError(t, err)
-	errc := make(chan error, 1)
-	go func() { errc <- fw.ForwardPorts() }()
+	var fwErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fwErr = fw.ForwardPorts()
+	}()
 	t.Cleanup(func() {
 		close(stop)
-		if err := <-errc; err != nil {
-			t.Logf("kubectl port-forward %s ended: %v", pod, err)
-		}
+		<-done
 	})
 	select {
 	case <-ready:
-	case err := <-errc:
-		t.Fatalf("kubectl port-forward %s: %v", pod, err)
+	case <-done:
+		t.Fatalf("kubectl port-forward %s: %v", pod, fwErr)
 	case <-time.After(time.Minute):
 		t.Fatalf("kubectl port-forward %s: not ready after a minute", pod)
 	}
@@ -657,7 +692,7 @@ func portForward(t *testing.T, s *cluster.State, cs kubernetes.Interface, ns, po
 	return int(ports[0].Local)
 }
 
-// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+// syncBuffer is a bytes.Buffer safe for concurrent writers and readers.
 type syncBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
@@ -676,7 +711,8 @@ func (b *syncBuffer) String() string {
 }
 
 // requireNothingLeft checks what Down must remove: the node's processes,
-// mounts, cgroups, pod network namespaces, bridge and CNI iptables chains.
+// mounts, cgroups, the pods' network namespaces, the bridge, CNI's and
+// kube-proxy's iptables chains.
 func requireNothingLeft(t *testing.T, s *cluster.State) {
 	t.Helper()
 	cfg := s.KubeletConfig()
@@ -689,6 +725,8 @@ func requireNothingLeft(t *testing.T, s *cluster.State) {
 	}
 	_, err = net.InterfaceByName(s.Bridge)
 	require.Error(t, err, "the bridge %s left behind", s.Bridge)
+	netns, _ := filepath.Glob("/run/netns/cni-*")
+	require.Empty(t, netns, "pod network namespaces left behind")
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))

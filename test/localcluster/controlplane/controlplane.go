@@ -67,12 +67,12 @@ type Config struct {
 	ServiceIP string
 	// AdvertiseAddress is the API server's address in the kubernetes Service's
 	// endpoints. It may not be loopback; the local cluster uses the pod
-	// network's gateway, which its service proxy maps to the host's 127.0.0.1.
+	// network's gateway, the host's address on the pod bridge.
 	AdvertiseAddress string
 	// BindAddress is where the API server listens (default 127.0.0.1). The
-	// real node sets it to AdvertiseAddress, the host's address on the pod
-	// bridge: kube-proxy sends the kubernetes Service's traffic there, and a
-	// pod cannot reach the host's loopback.
+	// local cluster sets it to AdvertiseAddress: kube-proxy sends the
+	// kubernetes Service's traffic there, and a pod cannot reach the host's
+	// loopback.
 	BindAddress string `json:",omitempty"`
 
 	EtcdPort, EtcdPeerPort, APIServerPort, ControllerManagerPort, SchedulerPort int

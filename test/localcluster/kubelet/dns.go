@@ -101,7 +101,14 @@ func EnsureDNS(ctx context.Context, cs kubernetes.Interface, c Config) error {
 			return err
 		},
 		func() error {
-			_, err := cs.CoreV1().Services(dnsNamespace).Create(ctx, dnsServiceObject(c, labels), metav1.CreateOptions{})
+			// Looked up first: the API server refuses a second Service at
+			// the same fixed ClusterIP as invalid (the address is taken)
+			// before it finds the name taken, so a restarted cluster's
+			// create would not say AlreadyExists.
+			_, err := cs.CoreV1().Services(dnsNamespace).Get(ctx, DNSService, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				_, err = cs.CoreV1().Services(dnsNamespace).Create(ctx, dnsServiceObject(c, labels), metav1.CreateOptions{})
+			}
 			return err
 		},
 		func() error {

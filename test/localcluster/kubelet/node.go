@@ -56,7 +56,7 @@ func cgroupHierarchies() []string {
 
 // Preflight says what is missing for the node to run here, with the command
 // that installs it: programs, the kubelet binary, cgroup controllers, the
-// overlay file system.
+// overlay file system; and whether another local cluster runs here.
 func Preflight(c Config) error {
 	var missing []string
 	for _, p := range packages {
@@ -82,6 +82,9 @@ func Preflight(c Config) error {
 	if b, err := os.ReadFile("/proc/filesystems"); err == nil && !strings.Contains(string(b), "overlay") {
 		errs = append(errs, errors.New("the kernel has no overlay file system (containerd's snapshotter): modprobe overlay"))
 	}
+	if others := OtherClusters(c.StateDir); len(others) > 0 {
+		errs = append(errs, errOtherCluster(others))
+	}
 	return errors.Join(errs...)
 }
 
@@ -98,15 +101,10 @@ func Start(ctx context.Context, c Config, images []string) (started []string, er
 	if err := ensureCgroupRoot(c.cgroupRoot()); err != nil {
 		return nil, err
 	}
-	if _, alive := supervise.AliveFromFile(filepath.Join(c.PidDir, Containerd+".pid")); !alive {
-		if _, err := supervise.Start(supervise.Spec{Name: Containerd, Path: mustLookPath(pkgContainerd),
-			Args: []string{"--config", c.containerdConfigPath()}}, c.PidDir, c.LogDir); err != nil {
-			return started, err
-		}
+	if ok, err := startContainerd(ctx, c); err != nil {
+		return started, err
+	} else if ok {
 		started = append(started, Containerd)
-	}
-	if err := waitContainerd(ctx, c); err != nil {
-		return started, fmt.Errorf("containerd did not answer: %w (log: %s)", err, filepath.Join(c.LogDir, Containerd+".log"))
 	}
 	pause := filepath.Join(c.Dir(), "images", "pause.oci.tar")
 	if err := writePauseArchive(c.PauseBinary, pause); err != nil {
@@ -134,6 +132,22 @@ func Start(ctx context.Context, c Config, images []string) (started []string, er
 			return started, err
 		}
 		started = append(started, KubeProxy)
+	}
+	return started, nil
+}
+
+// startContainerd starts containerd unless it runs (started reports that it
+// did) and waits until it answers.
+func startContainerd(ctx context.Context, c Config) (started bool, err error) {
+	if _, alive := supervise.AliveFromFile(filepath.Join(c.PidDir, Containerd+".pid")); !alive {
+		if _, err := supervise.Start(supervise.Spec{Name: Containerd, Path: mustLookPath(pkgContainerd),
+			Args: []string{"--config", c.containerdConfigPath()}}, c.PidDir, c.LogDir); err != nil {
+			return false, err
+		}
+		started = true
+	}
+	if err := waitContainerd(ctx, c); err != nil {
+		return started, fmt.Errorf("containerd did not answer: %w (log: %s)", err, filepath.Join(c.LogDir, Containerd+".log"))
 	}
 	return started, nil
 }
@@ -251,8 +265,17 @@ func waitContainerd(ctx context.Context, c Config) error {
 // (kube-proxy --cleanup): no Service rule outlives the cluster.
 func Stop(c Config) error {
 	errs := []error{supervise.Stop(filepath.Join(c.PidDir, Kubelet+".pid"), 30*time.Second)}
-	if _, alive := supervise.AliveFromFile(filepath.Join(c.PidDir, Containerd+".pid")); alive {
-		errs = append(errs, removeSandboxes(c))
+	// The sandboxes go through the CRI, so that the CNI plugins delete the
+	// pods' network namespaces and veths: a containerd that died (its
+	// config still there) is started again for that.
+	if _, err := os.Stat(c.containerdConfigPath()); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if _, err := startContainerd(ctx, c); err != nil {
+			errs = append(errs, err)
+		} else {
+			errs = append(errs, removeSandboxes(c))
+		}
+		cancel()
 	}
 	errs = append(errs,
 		supervise.Stop(filepath.Join(c.PidDir, Containerd+".pid"), 20*time.Second),
