@@ -56,7 +56,7 @@ var _ = Describe("outbox-operator", Ordered, ContinueOnFailure, func() {
 		DeferCleanup(func() { patchRelay(`{"spec":{"suspend":false}}`) })
 		Eventually(func() (int, error) { return jsonpathInt("deploy", relayName+"-relay", "{.spec.replicas}") }).
 			WithTimeout(time.Minute).Should(Equal(0))
-		Eventually(func() []string { return relayPods(relayName) }).WithTimeout(2 * time.Minute).Should(BeEmpty())
+		waitRelayPodsGone(relayName)
 		Eventually(func() (string, error) { return getColumn(relayName, "BACKLOG") }).WithTimeout(time.Minute).Should(Equal("0"))
 		streamBefore := streamLen(stream)
 
@@ -169,7 +169,7 @@ spec:
 		By("suspending the relay, so that the old pending row stays pending")
 		patchRelay(`{"spec":{"suspend":true}}`)
 		DeferCleanup(func() { patchRelay(`{"spec":{"suspend":false}}`) })
-		Eventually(func() []string { return relayPods(relayName) }).WithTimeout(2 * time.Minute).Should(BeEmpty())
+		waitRelayPodsGone(relayName)
 
 		var before int
 		Expect(db.QueryRow(ctx, `SELECT count(*) FROM outbox_events`).Scan(&before)).To(Succeed())
@@ -235,7 +235,7 @@ spec:
 		By("suspending the relay while the orders are placed, so that the backlog is measured whole")
 		patchRelay(`{"spec":{"suspend":true}}`)
 		DeferCleanup(func() { patchRelay(`{"spec":{"suspend":false}}`) })
-		Eventually(func() []string { return relayPods(relayName) }).WithTimeout(2 * time.Minute).Should(BeEmpty())
+		waitRelayPodsGone(relayName)
 
 		By(fmt.Sprintf("placing %d orders, 16 at a time", n))
 		start := time.Now()

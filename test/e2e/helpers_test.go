@@ -238,6 +238,16 @@ func conditionMessage(name, typ string) string {
 	return s
 }
 
+// waitRelayPodsGone waits until an OutboxRelay has no relay pod left,
+// terminating ones included: a pod relays until its process has stopped.
+func waitRelayPodsGone(name string) {
+	GinkgoHelper()
+	Eventually(func() (string, error) {
+		return kubectlErr("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/component=relay,app.kubernetes.io/instance="+name,
+			"-o", "name")
+	}).WithTimeout(2*time.Minute).Should(BeEmpty(), "the relay pods of %s, terminating ones included", name)
+}
+
 // relayPods lists the relay pods of an OutboxRelay that are not being deleted.
 func relayPods(name string) []string {
 	out, err := kubectlErr("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/component=relay,app.kubernetes.io/instance="+name,

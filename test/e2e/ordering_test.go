@@ -247,16 +247,6 @@ func ownedPartitionsOf(pods []string) map[string][]int64 {
 	return owned
 }
 
-// waitRelayPodsGone waits until an OutboxRelay has no relay pod left,
-// terminating ones included: a pod relays until its process has stopped.
-func waitRelayPodsGone(name string) {
-	GinkgoHelper()
-	Eventually(func() (string, error) {
-		return kubectlErr("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/component=relay,app.kubernetes.io/instance="+name,
-			"-o", "name")
-	}).WithTimeout(2*time.Minute).Should(BeEmpty(), "the relay pods of %s, terminating ones included", name)
-}
-
 // allRelayPods lists the relay pods of an OutboxRelay, terminating ones
 // included.
 func allRelayPods(name string) []string {
