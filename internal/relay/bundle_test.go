@@ -34,7 +34,7 @@ type bundleOpts struct {
 	ddl      string // default: table.DDL
 }
 
-func setup(t *testing.T, o bundleOpts) *testBundle {
+func setup(t testing.TB, o bundleOpts) *testBundle {
 	t.Helper()
 	ctx := context.Background()
 	if o.dsn == "" {
@@ -78,7 +78,7 @@ func (b *testBundle) deadLetters(t *testing.T) []outbox.DeadLetter {
 }
 
 // newRelay builds a relay on the bundle with quick retries and a quiet log.
-func (b *testBundle) newRelay(t *testing.T, cfg Config) *Relay {
+func (b *testBundle) newRelay(t testing.TB, cfg Config) *Relay {
 	t.Helper()
 	cfg.Table = b.table
 	cfg.Stream = b.stream
