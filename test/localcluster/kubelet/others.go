@@ -15,11 +15,14 @@ var proxyConfigSuffix = string(filepath.Separator) + filepath.Join("node", "kube
 // one). kube-proxy's rules are host-wide, and so is the cleanup of them at
 // down: two clusters on one machine would rewrite and remove each other's
 // Service rules, so only one may run at a time.
-func OtherClusters(stateDir string) []string {
+func OtherClusters(stateDir string) []string { return otherClusters("/proc", stateDir) }
+
+// otherClusters is OtherClusters on the process table at proc.
+func otherClusters(proc, stateDir string) []string {
 	var dirs []string
-	procs, _ := os.ReadDir("/proc")
+	procs, _ := os.ReadDir(proc)
 	for _, p := range procs {
-		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		b, err := os.ReadFile(filepath.Join(proc, p.Name(), "cmdline"))
 		if err != nil {
 			continue
 		}

@@ -1,33 +1,32 @@
 package kubelet
 
 import (
-	"os/exec"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
 
-// OtherClusters finds a cluster by its kube-proxy's --config path. The
-// process here is a stand-in, a shell whose argv reads as a kube-proxy's:
-// what OtherClusters reads is the command line, which a real kube-proxy has
-// the same.
+// otherClusters finds a cluster by its kube-proxy's --config path in a
+// process table: here one written to a temp dir in /proc's layout (a
+// process that looked like a kube-proxy would count as a running cluster
+// for the local cluster's own test, run beside this one).
 func TestOtherClustersFindsARunningKubeProxy(t *testing.T) {
-	sh, err := exec.LookPath("sh")
-	require.NoError(t, err)
-	dir := t.TempDir()
-	state := filepath.Join(dir, "state")
-	c := Config{StateDir: state}
-	// sh -c SCRIPT NAME: the flag is the script's $0, and two commands keep
-	// the shell from exec'ing sleep in its place.
-	cmd := &exec.Cmd{Path: sh, Args: []string{filepath.Join(dir, KubeProxy), "-c", "sleep 60; :", "--config=" + c.proxyConfigPath()}}
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	proc := t.TempDir()
+	state := filepath.Join(proc, "state")
+	process := func(pid string, argv ...string) {
+		require.NoError(t, os.MkdirAll(filepath.Join(proc, pid), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(proc, pid, "cmdline"), []byte(strings.Join(argv, "\x00")+"\x00"), 0o644))
+	}
+	process("10", "/envtest/kube-proxy", "--config="+Config{StateDir: state}.proxyConfigPath(), "--v=1")
+	process("11", "/envtest/kubelet", "--config="+filepath.Join(proc, "other", "node", "kubelet", "config.yaml"))
+	process("12", "/usr/bin/sleep", "--config="+Config{StateDir: "/elsewhere"}.proxyConfigPath())
 
-	require.Contains(t, OtherClusters(""), state, "any cluster, seen from no state dir")
-	require.Contains(t, OtherClusters(filepath.Join(dir, "another")), state, "seen from another cluster's state dir")
-	require.NotContains(t, OtherClusters(state), state, "its own cluster is not another")
-	err = errOtherCluster(OtherClusters(filepath.Join(dir, "another")))
-	require.ErrorContains(t, err, "down --state-dir ")
-	require.ErrorContains(t, err, state)
+	require.Equal(t, []string{state}, otherClusters(proc, ""), "any cluster, seen from no state dir")
+	require.Equal(t, []string{state}, otherClusters(proc, filepath.Join(proc, "another")), "seen from another cluster's state dir")
+	require.Empty(t, otherClusters(proc, state), "its own cluster is not another")
+	err := errOtherCluster(otherClusters(proc, ""))
+	require.ErrorContains(t, err, "down --state-dir "+state)
 }
