@@ -247,6 +247,22 @@ func TestProberHangingDatabaseDoesNotHoldUpOtherRelays(t *testing.T) {
 	require.Equal(t, 1, b.measurer.callsOf("hung"))
 }
 
+// failingWaits runs n failing checks of relay "a", each once the last is
+// due, and returns how long the Prober said to wait after each.
+func (b *proberBundle) failingWaits(t *testing.T, n int, interval time.Duration) []time.Duration {
+	t.Helper()
+	waits := make([]time.Duration, 0, n)
+	for range n {
+		b.prober.Observe(key("a"), target("postgres://a"), interval)
+		b.waitNotified(t, key("a"))
+		obs := b.prober.Observe(key("a"), target("postgres://a"), interval)
+		require.NotNil(t, obs.Last.Failure)
+		waits = append(waits, obs.NextCheckIn)
+		b.clock.Step(obs.NextCheckIn)
+	}
+	return waits
+}
+
 func TestProberBacksOffAfterFailures(t *testing.T) {
 	t.Parallel()
 	b := setupProber(t, time.Second)
@@ -259,14 +275,7 @@ func TestProberBacksOffAfterFailures(t *testing.T) {
 	b.clock.Step(time.Minute)
 	b.measurer.set("a", func(context.Context) (outbox.Backlog, error) { return outbox.Backlog{}, errors.New("boom") })
 
-	waits := make([]time.Duration, 0, 5)
-	for range 5 {
-		b.prober.Observe(key("a"), target("postgres://a"), time.Minute)
-		b.waitNotified(t, key("a"))
-		obs := b.prober.Observe(key("a"), target("postgres://a"), time.Minute)
-		waits = append(waits, obs.NextCheckIn)
-		b.clock.Step(obs.NextCheckIn)
-	}
+	waits := b.failingWaits(t, 5, time.Minute)
 	require.Equal(t, []time.Duration{time.Minute, 2 * time.Minute, 3 * time.Minute, 3 * time.Minute, 3 * time.Minute}, waits)
 
 	b.measurer.set("a", count(1))
@@ -444,15 +453,7 @@ func TestProberRetriesSoonUntilFirstMeasured(t *testing.T) {
 	b := setupProber(t, time.Second)
 	b.measurer.set("a", func(context.Context) (outbox.Backlog, error) { return outbox.Backlog{}, errors.New("no table") })
 
-	waits := make([]time.Duration, 0, 7)
-	for range 7 {
-		b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
-		b.waitNotified(t, key("a"))
-		obs := b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
-		require.NotNil(t, obs.Last.Failure)
-		waits = append(waits, obs.NextCheckIn)
-		b.clock.Step(obs.NextCheckIn)
-	}
+	waits := b.failingWaits(t, 7, 30*time.Second)
 	require.Equal(t, []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
 		30 * time.Second, time.Minute, 2 * time.Minute}, waits, "up to the interval, then backing off as after a success")
 
@@ -474,15 +475,7 @@ func TestProberChecksAMissingTableEveryInterval(t *testing.T) {
 		b.measurer.set("a", func(context.Context) (outbox.Backlog, error) {
 			return outbox.Backlog{}, fmt.Errorf("checking: %w", missing)
 		})
-		waits := make([]time.Duration, 0, 8)
-		for range 8 {
-			b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
-			b.waitNotified(t, key("a"))
-			obs := b.prober.Observe(key("a"), target("postgres://a"), 30*time.Second)
-			require.NotNil(t, obs.Last.Failure)
-			waits = append(waits, obs.NextCheckIn)
-			b.clock.Step(obs.NextCheckIn)
-		}
+		waits := b.failingWaits(t, 8, 30*time.Second)
 		require.Equal(t, []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
 			30 * time.Second, 30 * time.Second, 30 * time.Second, 30 * time.Second}, waits, "%v: soon, then every interval", missing)
 

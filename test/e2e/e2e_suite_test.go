@@ -185,11 +185,9 @@ func setUpLocal() {
 // its containerd (ctr task kill), as the OOM killer or a crash would end it;
 // the kubelet then restarts it, as on any node.
 func killLocalContainer(pod, container string) error {
-	id := kubectl("-n", namespace, "get", "pod", pod, "-o",
-		fmt.Sprintf(`jsonpath={.status.containerStatuses[?(@.name=="%s")].containerID}`, container))
-	id, ok := strings.CutPrefix(id, "containerd://")
-	if !ok {
-		return fmt.Errorf("container %s of pod %s: no containerd id (%q)", container, pod, id)
+	id, err := containerdID(pod, container)
+	if err != nil {
+		return err
 	}
 	sock := filepath.Join(env.stateDir, "node", "containerd", "containerd.sock")
 	out, err := exec.Command("ctr", "--address", sock, "--namespace", "k8s.io",
@@ -198,6 +196,17 @@ func killLocalContainer(pod, container string) error {
 		return fmt.Errorf("ctr task kill %s: %v: %s", id, err, out)
 	}
 	return nil
+}
+
+// containerdID is the containerd id of a container of a pod, from its status.
+func containerdID(pod, container string) (string, error) {
+	id := kubectl("-n", namespace, "get", "pod", pod, "-o",
+		fmt.Sprintf(`jsonpath={.status.containerStatuses[?(@.name=="%s")].containerID}`, container))
+	id, ok := strings.CutPrefix(id, "containerd://")
+	if !ok {
+		return "", fmt.Errorf("container %s of pod %s: no containerd id (%q)", container, pod, id)
+	}
+	return id, nil
 }
 
 // setUpRemote installs the chart and the sample on the cluster of the
@@ -241,9 +250,10 @@ func setUpRemote() {
 			return fmt.Errorf("SIGKILL of a container is only implemented on the local cluster and kind")
 		}
 		node := kubectl("-n", namespace, "get", "pod", pod, "-o", "jsonpath={.spec.nodeName}")
-		id := kubectl("-n", namespace, "get", "pod", pod, "-o",
-			fmt.Sprintf(`jsonpath={.status.containerStatuses[?(@.name=="%s")].containerID}`, container))
-		id = strings.TrimPrefix(id, "containerd://")
+		id, err := containerdID(pod, container)
+		if err != nil {
+			return err
+		}
 		script := fmt.Sprintf(`kill -9 "$(crictl inspect --output go-template --template '{{.info.pid}}' %s)"`, id)
 		out, err := exec.Command("docker", "exec", node, "sh", "-c", script).CombinedOutput()
 		if err != nil {

@@ -16,11 +16,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 	"github.com/outbox-dev/outbox-operator/test/localcluster/cluster"
 	"github.com/outbox-dev/outbox-operator/test/localcluster/kubelet"
@@ -635,7 +635,7 @@ func execInPod(t *testing.T, s *cluster.State, cs kubernetes.Interface, ns, pod 
 
 // attachToPod streams the stdout of the pod's container main (kubectl
 // attach) into the returned buffer until the test ends.
-func attachToPod(t *testing.T, s *cluster.State, cs kubernetes.Interface, ns, pod string) *syncBuffer {
+func attachToPod(t *testing.T, s *cluster.State, cs kubernetes.Interface, ns, pod string) *syncbuf.Buffer {
 	t.Helper()
 	cfg, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig())
 	require.NoError(t, err)
@@ -644,7 +644,7 @@ func attachToPod(t *testing.T, s *cluster.State, cs kubernetes.Interface, ns, po
 	attach, err := remotecommand.NewWebSocketExecutor(cfg, "GET", req.URL().String())
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -690,24 +690,6 @@ func portForward(t *testing.T, s *cluster.State, cs kubernetes.Interface, ns, po
 	ports, err := fw.GetPorts()
 	require.NoError(t, err)
 	return int(ports[0].Local)
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers and readers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // requireNothingLeft checks what Down must remove: the node's processes,

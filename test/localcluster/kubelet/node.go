@@ -90,11 +90,9 @@ func Preflight(c Config) error {
 
 // Start writes the node's configuration, starts containerd and the kubelet
 // unless they run, and imports the pause image and every archive of images.
-// Waiting for the Node to be Ready is the caller's (it has the client).
+// Waiting for the Node to be Ready is the caller's (it has the client), and so
+// is Preflight, which cluster.Up runs before the control plane starts.
 func Start(ctx context.Context, c Config, images []string) (started []string, err error) {
-	if err := Preflight(c); err != nil {
-		return nil, err
-	}
 	if err := writeConfigs(c); err != nil {
 		return nil, err
 	}
