@@ -130,6 +130,13 @@ func (t *Table) claim(ctx context.Context, tx Querier, sql string, keyed bool, l
 	return events, nil
 }
 
+// NewEvent builds an Event from nullable column values (nil: NULL),
+// describing what is missing in Malformed, as a claim does: for readers of
+// the outbox other than the claim (the logical replication source).
+func NewEvent(c Columns, id, typ, payload *string, created *time.Time) Event {
+	return newEvent(c, id, typ, payload, created)
+}
+
 // newEvent builds an Event from nullable columns, describing what is
 // missing in Malformed.
 func newEvent(c Columns, id, typ, payload *string, created *time.Time) Event {

@@ -246,3 +246,7 @@ func (t *Table) DeadLetterTable() string {
 
 // TriggerName is the name of the optional NOTIFY trigger.
 func (t *Table) TriggerName() string { return t.objectName("notify") }
+
+// PublicationName is the name of the publication that logical replication
+// relays read the table's inserts through (spec.source LogicalReplication).
+func (t *Table) PublicationName() string { return t.objectName("pub") }
