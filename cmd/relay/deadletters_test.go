@@ -133,3 +133,14 @@ func TestRunRefusesAnUnknownOrdering(t *testing.T) {
 	require.NotZero(t, res.code)
 	require.Contains(t, res.stderr, `--ordering: ordering "sideways": must be None, Strict or PerKey`)
 }
+
+func TestRunRefusesABadCleanupMode(t *testing.T) {
+	t.Parallel()
+	env := relayEnv("DATABASE_URL=postgres://x@127.0.0.1:1/x", "REDIS_URL=redis://127.0.0.1:1")
+	res := execRelay(t, env, "run", "--cleanup-mode", "Never")
+	require.NotZero(t, res.code)
+	require.Contains(t, res.stderr, `--cleanup-mode: cleanup mode "Never": must be AfterRetention or OnDispatch`)
+	res = execRelay(t, env, "run", "--cleanup-mode", "OnDispatch", "--auto-replay")
+	require.NotZero(t, res.code)
+	require.Contains(t, res.stderr, "--auto-replay republishes dispatched rows, which --cleanup-mode OnDispatch deletes")
+}

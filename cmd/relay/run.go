@@ -23,6 +23,7 @@ import (
 
 type runOptions struct {
 	ordering                 string
+	cleanupMode              string
 	leaderTimeout            time.Duration
 	partitions               int
 	stream, deadLetterStream string
@@ -103,6 +104,10 @@ func newRunCommand(c *common) *cobra.Command {
 	fs.StringVar(&o.ordering, "ordering", string(relay.OrderingNone),
 		"None: any number of relays, no order across batches; Strict: one active relay (fenced leader, the others stand by), "+
 			"the stream in (created_at, id) claim order; PerKey: the same per value of --key-column, with many relays")
+	fs.StringVar(&o.cleanupMode, "cleanup-mode", outbox.MarkDispatched.String(),
+		"AfterRetention: a claim marks its rows dispatched and relay cleanup deletes them after the retention "+
+			"(a replay can republish them); OnDispatch: a claim deletes its rows, committed after Redis acknowledged them "+
+			"(no cleanup, nothing to replay)")
 	fs.IntVar(&o.partitions, "partitions", relay.DefaultPartitions,
 		fmt.Sprintf("PerKey: key partitions, the most relays that share the work (1..%d); the same for every relay of a table",
 			relay.MaxPartitions))
@@ -154,6 +159,11 @@ func (o *runOptions) validate(c *common) error {
 	}
 	if ord, err := relay.ParseOrdering(o.ordering); err == nil && ord == relay.OrderingPerKey && c.columns.Key == "" {
 		errs = append(errs, errors.New("--ordering PerKey needs --key-column: the column whose events are ordered per value"))
+	}
+	if d, err := outbox.ParseDispatch(o.cleanupMode); err != nil {
+		errs = append(errs, fmt.Errorf("--cleanup-mode: %w", err))
+	} else if d == outbox.DeleteOnDispatch && o.streamOpts.autoReplay {
+		errs = append(errs, errors.New("--auto-replay republishes dispatched rows, which --cleanup-mode OnDispatch deletes: use one or the other"))
 	}
 	if o.partitions < 1 || o.partitions > relay.MaxPartitions {
 		errs = append(errs, fmt.Errorf("--partitions %d: must be between 1 and %d", o.partitions, relay.MaxPartitions))
@@ -242,8 +252,13 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 	if err != nil {
 		return fmt.Errorf("--ordering: %w", err)
 	}
+	dispatch, err := outbox.ParseDispatch(o.cleanupMode)
+	if err != nil {
+		return fmt.Errorf("--cleanup-mode: %w", err)
+	}
 	cfg := relay.Config{
 		Ordering:            ordering,
+		Dispatch:            dispatch,
 		LeaderTimeout:       o.leaderTimeout,
 		Partitions:          o.partitions,
 		Table:               table,

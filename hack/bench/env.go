@@ -112,7 +112,7 @@ func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int) (float
 					errs <- err
 					return
 				}
-				events, err := e.table.Claim(ctx, tx, batch)
+				events, err := e.table.Claim(ctx, tx, outbox.MarkDispatched, batch)
 				if err == nil {
 					err = tx.Commit(ctx)
 				}

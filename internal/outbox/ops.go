@@ -74,13 +74,44 @@ func (t *Table) classify(err error) error {
 	return err
 }
 
-// Claim takes up to limit pending events and marks them dispatched, inside
-// tx. The events come back ordered by created_at, ties by the id, in the
-// order of the id column's type (numeric for a bigint, by its collation for
-// text). Nothing is
-// final until tx commits; a rollback returns every row to the outbox.
-func (t *Table) Claim(ctx context.Context, tx Querier, limit int) ([]Event, error) {
-	return t.claim(ctx, tx, t.ClaimSQL(), false, limit)
+// Dispatch is what a claim does with the rows it takes: the cleanup mode
+// (docs/relay.md, "Cleanup modes").
+type Dispatch int
+
+const (
+	// MarkDispatched sets the rows' dispatched_at; they stay until cleanup
+	// deletes them after the retention, and a replay can publish them again.
+	MarkDispatched Dispatch = iota
+	// DeleteOnDispatch deletes the rows: no dispatched_at to write, no dead
+	// rows left for cleanup, and nothing to replay from.
+	DeleteOnDispatch
+)
+
+// ParseDispatch reads a cleanup mode's name (String), case-insensitively.
+func ParseDispatch(s string) (Dispatch, error) {
+	for _, d := range []Dispatch{MarkDispatched, DeleteOnDispatch} {
+		if strings.EqualFold(s, d.String()) {
+			return d, nil
+		}
+	}
+	return 0, fmt.Errorf("cleanup mode %q: must be AfterRetention or OnDispatch", s)
+}
+
+// String is the mode's name in spec.cleanup.mode and --cleanup-mode.
+func (d Dispatch) String() string {
+	if d == DeleteOnDispatch {
+		return "OnDispatch"
+	}
+	return "AfterRetention"
+}
+
+// Claim takes up to limit pending events and marks them dispatched or
+// deletes them (d), inside tx. The events come back ordered by created_at,
+// ties by the id, in the order of the id column's type (numeric for a
+// bigint, by its collation for text). Nothing is final until tx commits; a
+// rollback returns every row to the outbox.
+func (t *Table) Claim(ctx context.Context, tx Querier, d Dispatch, limit int) ([]Event, error) {
+	return t.claim(ctx, tx, t.ClaimSQL(d), false, limit)
 }
 
 // ErrNoKeyColumn: a keyed claim on a table configured without a key column.
@@ -89,11 +120,11 @@ var ErrNoKeyColumn = errors.New("no key column configured (ordering PerKey needs
 // ClaimKeyed is Claim for ordering PerKey: it takes only pending rows whose
 // key falls in one of the given partitions (of partitions in all), and sets
 // each event's Key and Partition.
-func (t *Table) ClaimKeyed(ctx context.Context, tx Querier, limit, partitions int, owned []int64) ([]Event, error) {
+func (t *Table) ClaimKeyed(ctx context.Context, tx Querier, d Dispatch, limit, partitions int, owned []int64) ([]Event, error) {
 	if t.columns.Key == "" {
 		return nil, ErrNoKeyColumn
 	}
-	return t.claim(ctx, tx, t.ClaimKeyedSQL(), true, limit, partitions, owned)
+	return t.claim(ctx, tx, t.ClaimKeyedSQL(d), true, limit, partitions, owned)
 }
 
 // claim runs a claim statement and reads its rows; keyed ones end with the

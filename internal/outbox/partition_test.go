@@ -127,7 +127,7 @@ func claimOne(t *testing.T, db *pgxpool.Pool, tbl *Table, seen map[string]bool) 
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		events, err := tbl.Claim(ctx, tx, 1)
+		events, err := tbl.Claim(ctx, tx, MarkDispatched, 1)
 		require.NoError(t, err)
 		require.Len(t, events, 1)
 		require.False(t, seen[events[0].ID], "claimed twice: %s", events[0].ID)
@@ -140,28 +140,33 @@ func claimOne(t *testing.T, db *pgxpool.Pool, tbl *Table, seen map[string]bool) 
 // transaction, a second claim in another never returns them.
 func TestTwoClaimsOnPartitionsAreDisjoint(t *testing.T) {
 	t.Parallel()
-	tbl := MustNew("", Columns{})
-	db := connect(t, partitionedShapes["range"])
-	fillShape(t, db, "range", 20)
-	_, err := db.Exec(context.Background(), `UPDATE outbox_events SET dispatched_at = NULL`)
-	require.NoError(t, err)
-	ctx := context.Background()
-	tx1, err := db.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx1.Rollback(ctx) }()
-	first, err := tbl.Claim(ctx, tx1, 25)
-	require.NoError(t, err)
-	require.Len(t, first, 25)
-	tx2, err := db.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx2.Rollback(ctx) }()
-	second, err := tbl.Claim(ctx, tx2, 25)
-	require.NoError(t, err)
-	require.Len(t, second, 15)
-	ids := map[string]bool{}
-	for _, e := range append(first, second...) {
-		require.False(t, ids[e.ID], "claimed by both: %s", e.ID)
-		ids[e.ID] = true
+	for _, d := range dispatchModes {
+		t.Run(d.String(), func(t *testing.T) {
+			t.Parallel()
+			tbl := MustNew("", Columns{})
+			db := connect(t, partitionedShapes["range"])
+			fillShape(t, db, "range", 20)
+			_, err := db.Exec(context.Background(), `UPDATE outbox_events SET dispatched_at = NULL`)
+			require.NoError(t, err)
+			ctx := context.Background()
+			tx1, err := db.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx1.Rollback(ctx) }()
+			first, err := tbl.Claim(ctx, tx1, d, 25)
+			require.NoError(t, err)
+			require.Len(t, first, 25)
+			tx2, err := db.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx2.Rollback(ctx) }()
+			second, err := tbl.Claim(ctx, tx2, d, 25)
+			require.NoError(t, err)
+			require.Len(t, second, 15)
+			ids := map[string]bool{}
+			for _, e := range append(first, second...) {
+				require.False(t, ids[e.ID], "claimed by both: %s", e.ID)
+				ids[e.ID] = true
+			}
+		})
 	}
 }
 
@@ -176,7 +181,7 @@ func TestClaimOrdersTiesByID(t *testing.T) {
 		INSERT INTO outbox_events (event_type, payload) SELECT 't', g::text FROM generate_series(1, 300) g;`)
 	ctx := context.Background()
 	require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		events, err := tbl.Claim(ctx, tx, 300)
+		events, err := tbl.Claim(ctx, tx, MarkDispatched, 300)
 		require.NoError(t, err)
 		require.Len(t, events, 300)
 		for i, e := range events {

@@ -24,7 +24,8 @@ const (
 	// so the outer SELECT sorts by the same key, with the column's own
 	// collation.
 	//
-	// %[14]s, %[15]s and %[16]s extend it for ordering PerKey (claimKeyed*).
+	// %[14]s, %[15]s and %[16]s extend it for ordering PerKey (claimKeyed*);
+	// %[17]s is what the claim does to the rows: claimMark or claimDelete.
 	claimSQL = `WITH batch AS (
 	SELECT tableoid, ctid FROM %[1]s
 	WHERE %[6]s IS NULL%[14]s
@@ -32,13 +33,24 @@ const (
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED
 ), claimed AS (
-	UPDATE %[1]s AS o SET %[6]s = now()
-	FROM batch
+	%[17]s
 	WHERE o.tableoid = batch.tableoid AND o.ctid = batch.ctid
 	RETURNING o.%[2]s AS sort_id, o.%[5]s AS sort_created,
 		o.%[2]s::text AS r_id, o.%[3]s::text AS r_type, o.%[4]s::text AS r_payload, o.%[5]s::timestamptz AS r_created%[15]s
 )
 SELECT r_id, r_type, r_payload, r_created%[16]s FROM claimed ORDER BY sort_created, sort_id`
+
+	// claimMark marks the claimed rows dispatched (MarkDispatched): they
+	// stay, for cleanup to delete after the retention and for a replay.
+	claimMark = `UPDATE %[1]s AS o SET %[6]s = now()
+	FROM batch`
+	// claimDelete deletes the claimed rows (DeleteOnDispatch): the same
+	// rows, locked the same way, gone when the batch commits, so there is
+	// no dispatched_at to write and nothing for cleanup. The pending
+	// predicate stays in the CTE: it keeps the partial index serving the
+	// claim, and rows marked by relays of the other mode are left alone.
+	claimDelete = `DELETE FROM %[1]s AS o
+	USING batch`
 
 	// For ordering PerKey, the claim takes only rows of the key partitions
 	// in $3 (of $2 partitions) and returns each row's key and partition. A
@@ -277,13 +289,22 @@ func (t *Table) format(tmpl string, extra ...any) string {
 // derived channel name) as an SQL string literal.
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
-// ClaimSQL is the claim statement; $1 is the batch size.
-func (t *Table) ClaimSQL() string { return t.format(claimSQL, "", "", "") }
+// ClaimSQL is the claim statement of dispatch mode d; $1 is the batch size.
+func (t *Table) ClaimSQL(d Dispatch) string { return t.format(claimSQL, "", "", "", t.claimAction(d)) }
 
 // ClaimKeyedSQL is the claim of ordering PerKey; $1 is the batch size, $2
 // the number of key partitions, $3 the partitions to take rows of.
-func (t *Table) ClaimKeyedSQL() string {
-	return t.format(claimSQL, t.format(claimKeyedWhere, t.qKey), t.format(claimKeyedReturning, t.qKey), claimKeyedSelect)
+func (t *Table) ClaimKeyedSQL(d Dispatch) string {
+	return t.format(claimSQL, t.format(claimKeyedWhere, t.qKey), t.format(claimKeyedReturning, t.qKey), claimKeyedSelect,
+		t.claimAction(d))
+}
+
+// claimAction is the claim's statement on the rows it took.
+func (t *Table) claimAction(d Dispatch) string {
+	if d == DeleteOnDispatch {
+		return t.format(claimDelete)
+	}
+	return t.format(claimMark)
 }
 
 // BacklogSQL counts pending rows and returns the oldest created_at.

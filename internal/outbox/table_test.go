@@ -52,12 +52,17 @@ func TestNewAcceptsSchemaAndCustomColumns(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "app", tbl.Schema())
 	require.Equal(t, "Events", tbl.Name())
-	claim := tbl.ClaimSQL()
+	claim := tbl.ClaimSQL(MarkDispatched)
 	require.Contains(t, claim, `"app"."Events"`)
 	require.Contains(t, claim, `o."event_id"::text`)
 	require.Contains(t, claim, `ORDER BY "inserted_at"`)
 	require.Contains(t, claim, `FOR UPDATE SKIP LOCKED`)
 	require.Equal(t, "outbox_app__Events", tbl.Channel())
+	require.Contains(t, claim, `UPDATE "app"."Events" AS o SET "dispatched_at" = now()`)
+	deleting := tbl.ClaimSQL(DeleteOnDispatch)
+	require.Contains(t, deleting, `DELETE FROM "app"."Events" AS o`)
+	require.Contains(t, deleting, `WHERE "dispatched_at" IS NULL`)
+	require.NotContains(t, deleting, "SET \"dispatched_at\"")
 }
 
 func TestDerivedNamesFitTheLimit(t *testing.T) {
@@ -93,6 +98,6 @@ func TestKeyColumn(t *testing.T) {
 	require.ErrorContains(t, err, `column "payload" is named twice`)
 	_, err = New("", Columns{Key: "x; DROP TABLE y"})
 	require.ErrorIs(t, err, ErrInvalidIdentifier)
-	_, err = MustNew("", Columns{}).ClaimKeyed(t.Context(), nil, 1, 1, nil)
+	_, err = MustNew("", Columns{}).ClaimKeyed(t.Context(), nil, MarkDispatched, 1, 1, nil)
 	require.ErrorIs(t, err, ErrNoKeyColumn)
 }

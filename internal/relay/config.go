@@ -112,6 +112,11 @@ type Config struct {
 	// batches for a reset, and its consumer groups' positions read;
 	// default DefaultStreamCheckInterval (streamloss.go).
 	StreamCheckInterval time.Duration
+	// Dispatch is what a claim does with its rows, the cleanup mode:
+	// outbox.MarkDispatched (the default; cleanup deletes them after the
+	// retention) or outbox.DeleteOnDispatch (deleted by the batch's commit,
+	// after the XADDs were acknowledged; nothing is left to replay).
+	Dispatch outbox.Dispatch
 	// AutoReplay makes the relay republish, by itself, the rows dispatched
 	// in the window of a stream reset it detected, at most
 	// AutoReplayMaxWindow back (streamloss.go).
@@ -212,6 +217,10 @@ func (c Config) validate() error {
 	}
 	if c.WaitReplicas > 0 && c.WaitTimeout >= c.PublishTimeout {
 		errs = append(errs, fmt.Errorf("wait timeout %s must be below the publish timeout %s", c.WaitTimeout, c.PublishTimeout))
+	}
+	if c.AutoReplay && c.Dispatch == outbox.DeleteOnDispatch {
+		errs = append(errs, errors.New("auto-replay republishes dispatched rows, which cleanup mode OnDispatch deletes: "+
+			"use one or the other"))
 	}
 	if err := c.Trim.validate(); err != nil {
 		errs = append(errs, err)

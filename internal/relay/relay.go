@@ -106,7 +106,8 @@ func (r *Relay) setErr(err error) {
 // process may exit.
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("Relay started", "database", r.cfg.Database, "batchSize", r.cfg.BatchSize,
-		"pollInterval", r.cfg.PollInterval.String(), "inFlight", r.cfg.InFlight, "ordering", string(r.cfg.Ordering))
+		"pollInterval", r.cfg.PollInterval.String(), "inFlight", r.cfg.InFlight, "ordering", string(r.cfg.Ordering),
+		"cleanupMode", r.cfg.Dispatch.String())
 	r.ensureDeadLetterTable(ctx)
 	listenCtx, stopListening := context.WithCancel(ctx)
 	var background sync.WaitGroup
@@ -426,9 +427,9 @@ func (r *Relay) claim(ctx context.Context, o *ownership) (*batch, error) {
 		}
 	}
 	if r.cfg.Ordering == OrderingPerKey {
-		b.events, err = r.cfg.Table.ClaimKeyed(ctx, tx, r.cfg.BatchSize, r.cfg.Partitions, parts)
+		b.events, err = r.cfg.Table.ClaimKeyed(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize, r.cfg.Partitions, parts)
 	} else {
-		b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.BatchSize)
+		b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize)
 	}
 	if err != nil {
 		r.rollback(b)
