@@ -112,6 +112,13 @@ func (s *CleanupSpec) GetSchedule() string { return cmp.Or(s.Schedule, DefaultCl
 // GetRetention is cleanup.retention, defaulted.
 func (s *CleanupSpec) GetRetention() time.Duration { return durationOr(s.Retention, DefaultRetention) }
 
+// GetMode is cleanup.mode, defaulted.
+func (s *CleanupSpec) GetMode() CleanupMode { return cmp.Or(s.Mode, CleanupAfterRetention) }
+
+// DeletesOnDispatch reports whether the relays delete the rows they publish
+// (and no CronJob runs).
+func (s *CleanupSpec) DeletesOnDispatch() bool { return s.GetMode() == CleanupOnDispatch }
+
 // GetBatchSize is cleanup.batchSize, defaulted.
 func (s *CleanupSpec) GetBatchSize() int32 { return cmp.Or(s.BatchSize, DefaultCleanupBatchSize) }
 

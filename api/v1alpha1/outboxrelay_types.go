@@ -417,8 +417,23 @@ const (
 	ReplicasModeExternal ReplicasMode = "External"
 )
 
-// CleanupSpec shapes the CronJob that deletes dispatched rows.
+// CleanupSpec says when dispatched rows are deleted, and shapes the CronJob
+// that deletes them after the retention.
 type CleanupSpec struct {
+	// mode says when a dispatched row is deleted. AfterRetention (the
+	// default): the relay marks it dispatched (dispatched_at) and the
+	// cleanup CronJob deletes it once it is older than retention, so a
+	// replay can republish it in the meantime (after a stream lost entries).
+	// OnDispatch: the relay's claim deletes the rows it publishes, in the
+	// transaction it commits after Redis acknowledged them, so there is no
+	// dispatched_at to write, no CronJob and no rows to clean, and a claim
+	// is cheaper (docs/benchmarks.md); nothing is left to replay from, so it
+	// excludes redis.autoReplay. Rows marked before a switch to OnDispatch
+	// are left alone: run relay cleanup once (docs/relay.md, "Cleanup modes").
+	// +optional
+	// +kubebuilder:default=AfterRetention
+	Mode CleanupMode `json:"mode,omitempty"`
+
 	// schedule of the cleanup, a cron expression of five fields (minute hour
 	// day-of-month month day-of-week) in the controller manager's time zone.
 	// +optional
@@ -449,6 +464,19 @@ type CleanupSpec struct {
 	Suspend bool `json:"suspend,omitempty"`
 }
 
+// CleanupMode says when a dispatched row is deleted.
+// +kubebuilder:validation:Enum=AfterRetention;OnDispatch
+type CleanupMode string
+
+// The cleanup modes.
+const (
+	// CleanupAfterRetention marks rows dispatched; the CronJob deletes them
+	// after the retention.
+	CleanupAfterRetention CleanupMode = "AfterRetention"
+	// CleanupOnDispatch deletes rows in the transaction that publishes them.
+	CleanupOnDispatch CleanupMode = "OnDispatch"
+)
+
 // BacklogSpec says how the operator measures the backlog: the count of
 // undispatched rows and the age of the oldest.
 type BacklogSpec struct {
@@ -472,6 +500,7 @@ type BacklogSpec struct {
 }
 
 // OutboxRelaySpec is the desired state of an OutboxRelay.
+// +kubebuilder:validation:XValidation:rule="!has(self.cleanup.mode) || self.cleanup.mode != 'OnDispatch' || !has(self.redis.autoReplay) || !self.redis.autoReplay",message="cleanup.mode OnDispatch deletes the rows that redis.autoReplay would republish: use one or the other"
 // +kubebuilder:validation:XValidation:rule="!has(self.ordering) || self.ordering != 'PerKey' || has(self.postgres.columns.key)",message="ordering PerKey needs postgres.columns.key: the column whose events are ordered per value"
 type OutboxRelaySpec struct {
 	// postgres says where the outbox table is.
@@ -492,7 +521,8 @@ type OutboxRelaySpec struct {
 	// +kubebuilder:default={}
 	Replicas ReplicasSpec `json:"replicas,omitempty"`
 
-	// cleanup shapes the CronJob that deletes dispatched rows.
+	// cleanup says when dispatched rows are deleted, and shapes the CronJob
+	// that deletes them after the retention.
 	// +optional
 	// +kubebuilder:default={}
 	Cleanup CleanupSpec `json:"cleanup,omitempty"`

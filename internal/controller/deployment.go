@@ -91,6 +91,9 @@ func relayArgs(relay *v1alpha1.OutboxRelay) []string {
 		// not roll when the operator is upgraded.
 		args = append(args, "--ordering="+string(spec.Ordering))
 	}
+	if spec.Cleanup.DeletesOnDispatch() { // only when set, like --ordering
+		args = append(args, "--cleanup-mode="+string(v1alpha1.CleanupOnDispatch))
+	}
 	args = append(args, streamArgs(relay)...) // outboxrelay_stream.go
 	return append(args,
 		"--batch-size="+strconv.Itoa(int(spec.Relay.GetBatchSize())),

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,6 +60,7 @@ func TestController(t *testing.T) {
 		{"ReconcilePauseAnnotation", testReconcilePauseAnnotation},
 		{"DeploymentDeletedOrEditedIsRestored", testDeploymentDeletedOrEditedIsRestored},
 		{"CronJobDeletedOrEditedIsRestored", testCronJobDeletedOrEditedIsRestored},
+		{"CleanupOnDispatchHasNoCronJob", testCleanupOnDispatchHasNoCronJob},
 		{"SecretChangeRollsPodTemplate", testSecretChangeRollsPodTemplate},
 		{"HangingDatabaseDoesNotHoldUpOthers", testHangingDatabaseDoesNotHoldUpOthers},
 		{"FileReadingDSNKeyIsRefused", testFileReadingDSNKeyIsRefused},
@@ -496,6 +498,44 @@ func testCronJobDeletedOrEditedIsRestored(t *testing.T, s *suite) {
 		}
 		return nil
 	})
+}
+
+// testCleanupOnDispatchHasNoCronJob: switched to cleanup mode OnDispatch,
+// the relays are told to delete what they publish and the CronJob goes;
+// switched back, it returns.
+func testCleanupOnDispatchHasNoCronJob(t *testing.T, s *suite) {
+	key, _ := s.readyRelay(t)
+	ctx := context.Background()
+	name := types.NamespacedName{Namespace: key.Namespace, Name: "orders-cleanup"}
+	eventually(t, "the CronJob of the default mode", func() error { return s.c.Get(ctx, name, &batchv1.CronJob{}) })
+	require.NotContains(t, s.deployment(t, key).Spec.Template.Spec.Containers[0].Args, "--cleanup-mode=OnDispatch")
+
+	setMode := func(mode v1alpha1.CleanupMode) {
+		eventually(t, "cleanup.mode "+string(mode)+" written", func() error {
+			relay := s.relay(t, key)
+			relay.Spec.Cleanup.Mode = mode
+			return s.c.Update(ctx, relay)
+		})
+	}
+	setMode(v1alpha1.CleanupOnDispatch)
+	eventually(t, "the relays told to delete on dispatch", func() error {
+		if args := s.deployment(t, key).Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--cleanup-mode=OnDispatch") {
+			return fmt.Errorf("args %v", args)
+		}
+		return nil
+	})
+	eventually(t, "the CronJob deleted", func() error {
+		err := s.c.Get(ctx, name, &batchv1.CronJob{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("still there (get: %v)", err)
+	})
+	relay := s.waitCondition(t, key, v1alpha1.ConditionDatabaseReachable, metav1.ConditionTrue, v1alpha1.ReasonBacklogMeasured)
+	require.Nil(t, relay.Status.LastCleanupTime)
+
+	setMode(v1alpha1.CleanupAfterRetention)
+	eventually(t, "the CronJob back", func() error { return s.c.Get(ctx, name, &batchv1.CronJob{}) })
 }
 
 func testSecretChangeRollsPodTemplate(t *testing.T, s *suite) {

@@ -267,6 +267,17 @@ func (r *OutboxRelayReconciler) updateChildren(ctx context.Context, st *relaySta
 		st.deploymentWritten = true
 	}
 
+	if relay.Spec.Cleanup.DeletesOnDispatch() {
+		// The relays delete what they publish: no CronJob, and one left
+		// from the other mode goes.
+		if err := r.deleteCronJob(ctx, st); err != nil {
+			if st.childFailure == nil {
+				st.childFailure = &failure{v1alpha1.ReasonCronJobFailed, fmt.Sprintf("deleting CronJob %q: %v", CronJobName(relay), err)}
+			}
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}
 	cj := CleanupCronJob(relay, r.RelayImage)
 	writtenCJ, err := writeChild(ctx, r, cronJobKind, relay, st.resources.cronJob, cj, st.resources.cronJob != nil)
 	switch {
@@ -281,4 +292,19 @@ func (r *OutboxRelayReconciler) updateChildren(ctx context.Context, st *relaySta
 		st.resources.cronJob = writtenCJ
 	}
 	return errors.Join(errs...)
+}
+
+// deleteCronJob deletes the cleanup CronJob when there is one (cleanup mode
+// OnDispatch); its Jobs go with it (background propagation).
+func (r *OutboxRelayReconciler) deleteCronJob(ctx context.Context, st *relayState) error {
+	cj := st.resources.cronJob
+	if cj == nil {
+		return nil
+	}
+	err := r.Delete(ctx, cj, client.PropagationPolicy(metav1.DeletePropagationBackground), client.Preconditions{UID: &cj.UID})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting CronJob: %w", err)
+	}
+	st.resources.cronJob = nil
+	return nil
 }
