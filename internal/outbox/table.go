@@ -249,4 +249,13 @@ func (t *Table) TriggerName() string { return t.objectName("notify") }
 
 // PublicationName is the name of the publication that logical replication
 // relays read the table's inserts through (spec.source LogicalReplication).
-func (t *Table) PublicationName() string { return t.objectName("pub") }
+// Publications are per database, not per schema, so the name holds the
+// schema too: app.outbox and billing.outbox get two.
+func (t *Table) PublicationName() string {
+	n := strings.ReplaceAll(t.String(), ".", "__") + "_pub"
+	if len(n) <= maxIdentifierLength {
+		return n
+	}
+	sum := sha256.Sum256([]byte(t.String()))
+	return "outbox_" + hex.EncodeToString(sum[:8]) + "_pub"
+}

@@ -74,6 +74,11 @@ func TestDerivedNamesFitTheLimit(t *testing.T) {
 		require.NoError(t, ValidateIdentifier("derived", n))
 	}
 	require.NotEqual(t, tbl.PendingIndexName(), tbl.TriggerName())
+	require.LessOrEqual(t, len(tbl.PublicationName()), 63)
+	require.Equal(t, "app__outbox_pub", MustNew("app.outbox", Columns{}).PublicationName())
+	require.NotEqual(t, MustNew("app.outbox", Columns{}).PublicationName(), MustNew("billing.outbox", Columns{}).PublicationName(),
+		"publications are per database: one per schema-qualified table")
+	require.Equal(t, "outbox_events_pub", MustNew("", Columns{}).PublicationName())
 }
 
 func TestDDL(t *testing.T) {

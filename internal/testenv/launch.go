@@ -29,6 +29,17 @@ func WithPostgresListen(addr, cidr string) PostgresOption {
 	}
 }
 
+// WithPostgresSetting starts the server with one more setting, "name=value"
+// as for postgres -c, overriding the defaults of every test server. It is for
+// settings that only take effect at start, or that a test wants from the
+// first connection on, e.g. WithPostgresSetting("max_slot_wal_keep_size=1MB")
+// for a replication slot that the server invalidates soon.
+func WithPostgresSetting(setting string) PostgresOption {
+	return func(s *pgServer) {
+		s.settings = append(s.settings, setting)
+	}
+}
+
 // Close stops a server started by LaunchPostgres and removes its data.
 func (s *PostgresServer) Close() error { return s.srv.close() }
 

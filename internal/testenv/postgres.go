@@ -38,7 +38,10 @@ const (
 )
 
 // pgServerSettings are passed to every server as -c options: loopback only, and
-// durability traded for speed, since the data is thrown away.
+// durability traded for speed, since the data is thrown away. wal_level=logical
+// lets tests read the outbox through logical replication (internal/logical);
+// it needs a restart to change, so every server starts with it, and the
+// replication slots of tests running in parallel fit in max_replication_slots.
 var pgServerSettings = []string{
 	"listen_addresses=" + loopbackIP,
 	"fsync=off",
@@ -46,6 +49,8 @@ var pgServerSettings = []string{
 	"full_page_writes=off",
 	"max_connections=200",
 	"shared_buffers=32MB",
+	"wal_level=logical",
+	"max_replication_slots=20",
 }
 
 // loopbackIP is where every server listens.
@@ -182,6 +187,9 @@ type pgServer struct {
 	// in with a password.
 	listen  []string
 	clients string
+	// settings are more -c options (WithPostgresSetting), after
+	// pgServerSettings, which they override.
+	settings []string
 
 	mu     sync.Mutex
 	port   int
@@ -284,12 +292,12 @@ func (s *pgServer) restart() error {
 // startLocked starts postgres on s.port and waits until it accepts connections.
 func (s *pgServer) startLocked() error {
 	offset := logSize(s.logPath)
-	args := make([]string, 0, 6+2*len(pgServerSettings))
+	args := make([]string, 0, 8+2*(len(pgServerSettings)+len(s.settings)))
 	args = append(args, "-D", s.dataDir, "-p", strconv.Itoa(s.port), "-k", s.dir)
-	for _, setting := range pgServerSettings {
+	for _, setting := range slices.Concat(pgServerSettings, s.settings) { // a later -c wins
 		args = append(args, "-c", setting)
 	}
-	if len(s.listen) > 0 { // a later -c wins
+	if len(s.listen) > 0 {
 		args = append(args, "-c", "listen_addresses="+strings.Join(append([]string{loopbackIP}, s.listen...), ","))
 	}
 	// SIGQUIT on the test binary's death: immediate shutdown, the data is thrown away.

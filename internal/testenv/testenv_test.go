@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -113,6 +114,35 @@ func TestPostgresWorksWithPgx(t *testing.T) {
 	var a int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT (payload->>'a')::int FROM outbox_events`).Scan(&a))
 	require.Equal(t, 1, a)
+}
+
+func TestPostgresAdmitsLogicalReplication(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.Postgres(t)
+	ctx := context.Background()
+	var level string
+	require.NoError(t, connect(t, dsn).QueryRow(ctx, `SHOW wal_level`).Scan(&level))
+	require.Equal(t, "logical", level)
+
+	// initdb's pg_hba.conf trusts replication connections from loopback.
+	repl, err := pgconn.Connect(ctx, dsn+"&replication=database")
+	require.NoError(t, err)
+	defer func() { _ = repl.Close(ctx) }()
+	results, err := repl.Exec(ctx, `IDENTIFY_SYSTEM`).ReadAll()
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	require.Len(t, results[0].Rows, 1)
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	require.Equal(t, strings.TrimPrefix(u.Path, "/"), string(results[0].Rows[0][3]), "IDENTIFY_SYSTEM's dbname")
+}
+
+func TestStartPostgresWithSetting(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartPostgres(t, testenv.WithPostgresSetting("max_slot_wal_keep_size=1MB"))
+	var keep string
+	require.NoError(t, connect(t, srv.DSN()).QueryRow(context.Background(), `SHOW max_slot_wal_keep_size`).Scan(&keep))
+	require.Equal(t, "1MB", keep)
 }
 
 func TestRedisWorksWithGoRedis(t *testing.T) {

@@ -1,0 +1,209 @@
+package logical
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+)
+
+// Batch is what one Next returns: events, and the position to confirm once
+// they are published.
+type Batch struct {
+	// Events are in commit order; a transaction's in the order of its
+	// inserts. A transaction bigger than the batch spans several.
+	Events []outbox.Event
+	// Confirm is the end LSN of the last transaction of the batch that
+	// arrived whole (its commit): what Reader.Confirm takes once every event
+	// of the batch is published. 0 when no transaction ended in the batch,
+	// because a transaction is confirmed only at its end (a replay repeats
+	// it from its start). A batch may hold no event and a nonzero Confirm.
+	Confirm pglogrepl.LSN
+	// LastCommit is the commit time of that transaction; zero when Confirm
+	// is 0.
+	LastCommit time.Time
+}
+
+// commit marks where a transaction ended in the events being gathered.
+type commit struct {
+	events int // events received before its commit
+	end    pglogrepl.LSN
+	at     time.Time
+}
+
+// Next returns the next batch of at most maxEvents events. It returns once
+// it has an event (or a whole transaction without one) and no more data
+// arrives within linger, or at once when maxEvents are there. While it
+// waits it answers the server's keepalives and sends a standby status
+// update every StatusInterval, always with the confirmed position.
+//
+// A caught-up Reader in a busy database would otherwise keep WAL forever:
+// when everything received is confirmed, the position of a keepalive (the
+// server has decoded the WAL up to there and found nothing for the
+// publication) counts as confirmed too.
+//
+// When ctx ends, Next returns its error and keeps what it had gathered for
+// the next call.
+func (r *Reader) Next(ctx context.Context, maxEvents int, linger time.Duration) (Batch, error) {
+	if r.err != nil {
+		return Batch{}, r.err
+	}
+	if maxEvents < 1 {
+		return Batch{}, fmt.Errorf("reading a batch of %d events: must be at least 1", maxEvents)
+	}
+	var lingerUntil time.Time // zero while nothing is gathered
+	if r.gathered() {
+		lingerUntil = time.Now().Add(linger)
+	}
+	for {
+		if len(r.events) >= maxEvents {
+			return r.take(maxEvents), nil
+		}
+		now := time.Now()
+		if !lingerUntil.IsZero() && !now.Before(lingerUntil) {
+			return r.take(maxEvents), nil
+		}
+		if !now.Before(r.nextStatus) {
+			if err := r.sendStatus(); err != nil {
+				return Batch{}, r.fail(err)
+			}
+		}
+		deadline := r.nextStatus
+		if !lingerUntil.IsZero() && lingerUntil.Before(deadline) {
+			deadline = lingerUntil
+		}
+		data, err := r.receive(ctx, deadline)
+		switch {
+		case ctx.Err() != nil:
+			return Batch{}, fmt.Errorf("reading replication slot %s: %w", r.opts.Slot, ctx.Err())
+		case pgconn.Timeout(err):
+			continue
+		case err != nil:
+			return Batch{}, r.fail(classify(err))
+		}
+		if data && r.gathered() {
+			lingerUntil = time.Now().Add(linger)
+		}
+	}
+}
+
+// gathered reports whether a batch is waiting to be returned.
+func (r *Reader) gathered() bool { return len(r.events) > 0 || len(r.commits) > 0 }
+
+// take returns the first events gathered, at most max, with the position of
+// the last transaction that ended within them, and keeps the rest.
+func (r *Reader) take(limit int) Batch {
+	n := min(len(r.events), limit)
+	b := Batch{Events: r.events[:n:n]}
+	done := 0
+	for _, c := range r.commits {
+		if c.events > n {
+			break
+		}
+		b.Confirm, b.LastCommit = c.end, c.at
+		done++
+	}
+	r.events = r.events[n:]
+	r.commits = r.commits[done:]
+	for i := range r.commits {
+		r.commits[i].events -= n
+	}
+	if len(r.events) == 0 {
+		r.events = nil
+	}
+	r.returned = max(r.returned, b.Confirm)
+	return b
+}
+
+// receive waits until deadline for one message and handles it; data reports
+// a message of the stream (rather than a keepalive). A timeout is an error
+// for which pgconn.Timeout is true, after which the stream goes on.
+func (r *Reader) receive(ctx context.Context, deadline time.Time) (data bool, err error) {
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	msg, err := r.conn.ReceiveMessage(rctx)
+	if err != nil {
+		return false, err
+	}
+	switch msg := msg.(type) {
+	case *pgproto3.CopyData:
+		if len(msg.Data) == 0 {
+			return false, errors.New("empty CopyData message")
+		}
+		switch msg.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			return false, r.keepalive(msg.Data[1:])
+		case pglogrepl.XLogDataByteID:
+			xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+			if err != nil {
+				return true, fmt.Errorf("parsing XLogData: %w", err)
+			}
+			return true, r.decode(xld.WALData)
+		}
+		return false, nil
+	case *pgproto3.ErrorResponse:
+		return false, classify(pgconn.ErrorResponseToPgError(msg))
+	case *pgproto3.CopyDone:
+		return false, errors.New("the server ended the stream")
+	}
+	return false, nil // notices, parameter changes
+}
+
+// keepalive handles the server's keepalive: the idle advance, and the
+// reply it may ask for.
+func (r *Reader) keepalive(buf []byte) error {
+	ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(buf)
+	if err != nil {
+		return fmt.Errorf("parsing keepalive: %w", err)
+	}
+	if r.idle() && ka.ServerWALEnd > r.confirmed {
+		r.confirmed = ka.ServerWALEnd
+		r.returned = max(r.returned, r.confirmed)
+	}
+	if ka.ReplyRequested {
+		return r.sendStatus()
+	}
+	return nil
+}
+
+// idle reports that everything received so far is confirmed: no
+// transaction open, nothing gathered, no batch returned and unconfirmed.
+// Then the server's position holds nothing for the caller. (The server
+// sends a transaction at its commit, after all the WAL before it, so a
+// keepalive comes after every transaction that ended before its position.)
+func (r *Reader) idle() bool {
+	return !r.inTx && !r.gathered() && r.confirmed >= r.returned
+}
+
+// decode handles one pgoutput message.
+func (r *Reader) decode(walData []byte) error {
+	if len(walData) == 0 {
+		return errors.New("empty pgoutput message")
+	}
+	msg, err := pglogrepl.Parse(walData)
+	if err != nil {
+		return fmt.Errorf("parsing pgoutput message %q: %w", walData[0], err)
+	}
+	switch m := msg.(type) {
+	case *pglogrepl.RelationMessage:
+		r.relations[m.RelationID] = newRelation(m, r.columns)
+	case *pglogrepl.BeginMessage:
+		r.inTx = true
+	case *pglogrepl.InsertMessage:
+		rel := r.relations[m.RelationID]
+		if rel == nil {
+			return fmt.Errorf("insert into relation %d before its RelationMessage", m.RelationID)
+		}
+		r.events = append(r.events, rel.event(r.columns, m.Tuple, r.types))
+	case *pglogrepl.CommitMessage:
+		r.inTx = false
+		r.commits = append(r.commits, commit{events: len(r.events), end: m.TransactionEndLSN, at: m.CommitTime})
+	}
+	return nil // updates, deletes, truncates, types, origins: not the relay's
+}

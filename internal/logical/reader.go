@@ -1,0 +1,247 @@
+package logical
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+)
+
+// closeTimeout bounds how long Close waits for the server to end the stream
+// in order, which releases the slot at once; past it the connection is
+// simply dropped and the server notices on its own.
+const closeTimeout = 5 * time.Second
+
+// Reader streams the inserts of the outbox table from a replication slot,
+// over a replication connection of its own. It is not safe for concurrent
+// use: Next, Confirm and Close are called in turn, by one goroutine (the
+// relay's loop). After an error other than the caller's context ending, the
+// Reader is broken for good: Close it and Open another, which resumes at the
+// confirmed position.
+type Reader struct {
+	conn      *pgconn.PgConn
+	opts      Options
+	columns   outbox.Columns
+	types     *pgtype.Map
+	relations map[uint32]*relation // by relation id, from the latest RelationMessage
+
+	// confirmed is what the caller confirmed, the only position ever sent
+	// to the server (it may be a keepalive's, see idle); returned is the
+	// highest Confirm of a batch returned so far.
+	confirmed, returned pglogrepl.LSN
+	// inTx: the stream is between a transaction's Begin and its Commit.
+	inTx bool
+	// events and commits are what was received and not returned yet; they
+	// survive a Next that ends with its context.
+	events  []outbox.Event
+	commits []commit
+
+	nextStatus time.Time
+	err        error // the stream broke
+}
+
+// Open connects for replication with cfg (a parsed DSN, with its TLS,
+// dialer and fallbacks; it is copied, not changed) and starts streaming the
+// slot of o from its confirmed position: what was confirmed is never read
+// again, what was not is. The session runs with TimeZone UTC and DateStyle
+// ISO, which the decoding of timestamps relies on, and without
+// statement_timeout, since the stream is one statement that never ends.
+//
+// A slot that cannot stream gives ErrSlotNotFound, ErrSlotInvalidated or
+// ErrSlotInUse. Errors never hold the password.
+func Open(ctx context.Context, cfg *pgconn.Config, o Options) (*Reader, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if cfg == nil {
+		return nil, fmt.Errorf("%w: no connection config", ErrInvalidOptions)
+	}
+	c := cfg.Copy()
+	if c.RuntimeParams == nil {
+		c.RuntimeParams = map[string]string{}
+	}
+	c.RuntimeParams["replication"] = "database"
+	c.RuntimeParams["TimeZone"] = "UTC"
+	c.RuntimeParams["DateStyle"] = "ISO"
+	c.RuntimeParams["statement_timeout"] = "0"
+	// A context that ends interrupts a read by the socket's deadline, which
+	// keeps the stream; a cancel request (another handler) would end it.
+	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
+	conn, err := pgconn.ConnectConfig(ctx, c)
+	if err != nil {
+		return nil, fmt.Errorf("connecting for replication: %w", err)
+	}
+	r := &Reader{
+		conn:      conn,
+		opts:      o,
+		columns:   o.Table.Columns(),
+		types:     pgtype.NewMap(),
+		relations: map[uint32]*relation{},
+	}
+	if err := r.start(ctx); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("replication slot %s: %w", o.Slot, err)
+	}
+	r.nextStatus = time.Now().Add(o.StatusInterval)
+	return r, nil
+}
+
+// start reads where the slot stands, refusing one that cannot stream, then
+// starts streaming.
+func (r *Reader) start(ctx context.Context) error {
+	if err := r.readSlot(ctx); err != nil {
+		return err
+	}
+	return r.startReplication(ctx)
+}
+
+// readSlot looks up the slot on the replication connection and takes its
+// confirmed position as the Reader's.
+func (r *Reader) readSlot(ctx context.Context) error {
+	results, err := r.conn.Exec(ctx, fmt.Sprintf(replSlotSQL, r.opts.Slot)).ReadAll()
+	if err != nil {
+		return fmt.Errorf("looking up: %w", classify(err))
+	}
+	if len(results) != 1 || len(results[0].Rows) == 0 {
+		return fmt.Errorf("%w (Setup creates it)", ErrSlotNotFound)
+	}
+	row := results[0].Rows[0] // confirmed_flush_lsn, wal_status, plugin, this database
+	if string(row[1]) == walStatusLost {
+		return errLost
+	}
+	var here *bool
+	if row[3] != nil {
+		b := string(row[3]) == "t"
+		here = &b
+	}
+	if err := checkSlot(textOrNil(row[2]), here); err != nil {
+		return err
+	}
+	if row[0] != nil {
+		if r.confirmed, err = pglogrepl.ParseLSN(string(row[0])); err != nil {
+			return fmt.Errorf("confirmed_flush_lsn: %w", err)
+		}
+		r.returned = r.confirmed
+	}
+	return nil
+}
+
+// startReplication issues START_REPLICATION from the slot's confirmed
+// position (0/0: the server's choice, which is that).
+func (r *Reader) startReplication(ctx context.Context) error {
+	err := pglogrepl.StartReplication(ctx, r.conn, r.opts.Slot, 0, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: pluginArgs(r.opts.Publication),
+	})
+	if err != nil {
+		return fmt.Errorf("starting replication: %w", classify(err))
+	}
+	return nil
+}
+
+// textOrNil returns a text column of a simple-protocol row, nil for NULL.
+func textOrNil(b []byte) *string {
+	if b == nil {
+		return nil
+	}
+	s := string(b)
+	return &s
+}
+
+// Confirm records that every event up to lsn (a Batch's Confirm) is
+// published, and tells the server at once, which may then free the WAL
+// before it. A position behind the confirmed one changes nothing; one past
+// every batch returned is refused, since confirming it could skip events.
+func (r *Reader) Confirm(ctx context.Context, lsn pglogrepl.LSN) error {
+	if r.err != nil {
+		return r.err
+	}
+	if lsn <= r.confirmed {
+		return nil
+	}
+	if lsn > r.returned {
+		return fmt.Errorf("confirming %s: past the last batch's position %s", lsn, r.returned)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r.confirmed = lsn
+	if err := r.sendStatus(); err != nil {
+		return r.fail(err)
+	}
+	return nil
+}
+
+// Confirmed is the position confirmed so far, where a new Reader resumes.
+func (r *Reader) Confirmed() pglogrepl.LSN { return r.confirmed }
+
+// sendStatus sends a standby status update with the confirmed position as
+// written, flushed and applied.
+func (r *Reader) sendStatus() error {
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), r.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: r.confirmed,
+		WALFlushPosition: r.confirmed,
+		WALApplyPosition: r.confirmed,
+	})
+	if err != nil {
+		return fmt.Errorf("sending standby status: %w", err)
+	}
+	r.nextStatus = time.Now().Add(r.opts.StatusInterval)
+	return nil
+}
+
+// fail records that the stream broke, for every later call.
+func (r *Reader) fail(err error) error {
+	r.err = fmt.Errorf("reading replication slot %s: %w", r.opts.Slot, err)
+	return r.err
+}
+
+// Close ends the stream and the connection. It ends the stream in order
+// first (CopyDone, then the server's reply), so that the server releases
+// the slot before Close returns and a new Reader can take it at once; when
+// that fails, the connection is dropped and the server releases the slot
+// once it notices. Nothing is confirmed by closing.
+func (r *Reader) Close(ctx context.Context) error {
+	if r.conn.IsClosed() {
+		return nil
+	}
+	if r.err == nil {
+		ctx, cancel := context.WithTimeout(ctx, closeTimeout)
+		r.endStream(ctx)
+		cancel()
+	}
+	if r.err == nil {
+		r.err = errors.New("reader closed")
+	}
+	return r.conn.Close(ctx)
+}
+
+// endStream sends CopyDone and reads until the server is ready for a new
+// command, which it is once it has released the slot. Data still on its way
+// is dropped: it was not confirmed, so it comes again.
+func (r *Reader) endStream(ctx context.Context) {
+	r.conn.Frontend().Send(&pgproto3.CopyDone{})
+	if err := r.conn.Frontend().Flush(); err != nil {
+		return
+	}
+	for {
+		msg, err := r.conn.ReceiveMessage(ctx)
+		if err != nil {
+			return
+		}
+		if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
+			return
+		}
+	}
+}

@@ -1,0 +1,105 @@
+package logical
+
+import (
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+)
+
+// The SQL of the package lives here. Values are bind parameters on ordinary
+// connections; identifiers are validated and quoted. The replication
+// connection speaks only the simple protocol, so its statements take
+// literals, of names validated first (SlotPattern, IdentifierPattern).
+const (
+	// walLevelSQL reads the setting that logical decoding needs.
+	walLevelSQL = `SELECT current_setting('wal_level')`
+
+	// publicationSQL ($1 the publication) says whether it publishes inserts.
+	publicationSQL = `SELECT pubinsert FROM pg_publication WHERE pubname = $1`
+
+	// createPublicationSQL (publication, table: quoted) publishes the
+	// table's inserts only: the relay has nothing to do with updates and
+	// deletes (the cleanup job's included). Without ONLY, an inheritance
+	// parent brings its children; a partitioned table brings its
+	// partitions, whose inserts arrive under each partition's own relation.
+	createPublicationSQL = `CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`
+
+	// publicationCoversSQL ($1 the publication, $2 the quoted table) says
+	// whether the publication streams the table's inserts: it names the
+	// table, or publishes it by schema or ALL TABLES, or publishes its
+	// partitions.
+	publicationCoversSQL = `SELECT EXISTS (
+	SELECT 1 FROM pg_publication p JOIN pg_publication_rel r ON r.prpubid = p.oid
+	WHERE p.pubname = $1 AND r.prrelid = to_regclass($2)
+) OR EXISTS (
+	SELECT 1 FROM pg_publication_tables t
+	CROSS JOIN LATERAL (SELECT to_regclass(format('%I.%I', t.schemaname, t.tablename)) AS rel) AS pt
+	WHERE t.pubname = $1 AND to_regclass($2) IN (pt.rel, pg_partition_root(pt.rel))
+)`
+
+	// dropPublicationSQL (publication: quoted).
+	dropPublicationSQL = `DROP PUBLICATION IF EXISTS %s`
+
+	// slotSQL ($1 the slot) describes a slot for Setup: plugin and database
+	// are NULL for a physical slot; wal_status is lost for an invalidated one.
+	slotSQL = `SELECT plugin, database = current_database(), wal_status FROM pg_replication_slots WHERE slot_name = $1`
+
+	// createSlotSQL ($1 the slot) creates a logical slot for pgoutput. It
+	// waits for the transactions running at that moment to end (the slot
+	// needs a consistent snapshot), and refuses a transaction that wrote.
+	createSlotSQL = `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`
+
+	// slotPIDSQL ($1 the slot) gives the pid of the walsender holding the
+	// slot (NULL: none); no row when the slot does not exist.
+	slotPIDSQL = `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`
+
+	// terminateSQL ($1 a pid) ends a backend, which releases its slot.
+	terminateSQL = `SELECT pg_terminate_backend($1)`
+
+	// dropSlotSQL ($1 the slot) fails (55006) while a session holds it.
+	dropSlotSQL = `SELECT pg_drop_replication_slot($1)`
+
+	// statusSQL ($1 the slot) measures the slot against the server's
+	// current WAL position (the received one on a standby).
+	statusSQL = `WITH pos AS (
+	SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() ELSE pg_current_wal_lsn() END AS lsn
+)
+SELECT s.active, s.wal_status,
+	pg_wal_lsn_diff(pos.lsn, s.restart_lsn)::bigint,
+	pg_wal_lsn_diff(pos.lsn, s.confirmed_flush_lsn)::bigint,
+	s.safe_wal_size, s.confirmed_flush_lsn::text
+FROM pg_replication_slots s CROSS JOIN pos
+WHERE s.slot_name = $1`
+
+	// maxSlotWALKeepSizeSQL gives the setting in bytes, -1 when unset
+	// (pg_settings reports it in MB).
+	maxSlotWALKeepSizeSQL = `SELECT CASE WHEN setting::bigint < 0 THEN -1 ELSE pg_size_bytes(setting || unit) END
+FROM pg_settings WHERE name = 'max_slot_wal_keep_size'`
+
+	// replSlotSQL (the slot, as a literal) is the first statement of a
+	// replication connection: where the slot stands, before streaming.
+	replSlotSQL = `SELECT confirmed_flush_lsn, wal_status, plugin, database = current_database()
+FROM pg_replication_slots WHERE slot_name = '%s'`
+)
+
+// quotedTable is the table's name quoted as the outbox package quotes it,
+// schema-qualified when it is.
+func quotedTable(t *outbox.Table) string {
+	if t.Schema() != "" {
+		return pgx.Identifier{t.Schema(), t.Name()}.Sanitize()
+	}
+	return pgx.Identifier{t.Name()}.Sanitize()
+}
+
+// pluginArgs are the options of START_REPLICATION for pgoutput: protocol
+// version 1 (whole transactions, at their commit) and the publication,
+// whose name pgoutput parses as an identifier list, hence the double quotes
+// inside the literal.
+func pluginArgs(publication string) []string {
+	return []string{
+		"proto_version '1'",
+		fmt.Sprintf(`publication_names '%s'`, pgx.Identifier{publication}.Sanitize()),
+	}
+}
