@@ -144,3 +144,17 @@ func TestRunRefusesABadCleanupMode(t *testing.T) {
 	require.NotZero(t, res.code)
 	require.Contains(t, res.stderr, "--auto-replay republishes dispatched rows, which --cleanup-mode OnDispatch deletes")
 }
+
+func TestRunRefusesABadSource(t *testing.T) {
+	t.Parallel()
+	env := relayEnv("DATABASE_URL=postgres://x@127.0.0.1:1/x", "REDIS_URL=redis://127.0.0.1:1")
+	res := execRelay(t, env, "run", "--source", "Carrier")
+	require.NotZero(t, res.code)
+	require.Contains(t, res.stderr, `--source: source "Carrier": must be Polling or LogicalReplication`)
+	res = execRelay(t, env, "run", "--source", "LogicalReplication")
+	require.NotZero(t, res.code)
+	require.Contains(t, res.stderr, "--source LogicalReplication needs --slot")
+	res = execRelay(t, env, "run", "--source", "LogicalReplication", "--slot", "Not-A-Slot")
+	require.NotZero(t, res.code)
+	require.Contains(t, res.stderr, "Not-A-Slot")
+}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -24,6 +25,7 @@ import (
 type runOptions struct {
 	ordering                 string
 	cleanupMode              string
+	source, slot             string
 	leaderTimeout            time.Duration
 	partitions               int
 	stream, deadLetterStream string
@@ -108,6 +110,11 @@ func newRunCommand(c *common) *cobra.Command {
 		"AfterRetention: a claim marks its rows dispatched and relay cleanup deletes them after the retention "+
 			"(a replay can republish them); OnDispatch: a claim deletes its rows, committed after Redis acknowledged them "+
 			"(no cleanup, nothing to replay)")
+	fs.StringVar(&o.source, "source", string(relay.SourcePolling),
+		"Polling: claim pending rows with SQL; LogicalReplication: stream the table's inserts from a replication slot "+
+			"(--slot) in commit order, confirmed after Redis acknowledged them (wal_level=logical, a role with REPLICATION)")
+	fs.StringVar(&o.slot, "slot", "", "source LogicalReplication: the replication slot, one per relay deployment "+
+		"(lower-case letters, digits and _; created when missing)")
 	fs.IntVar(&o.partitions, "partitions", relay.DefaultPartitions,
 		fmt.Sprintf("PerKey: key partitions, the most relays that share the work (1..%d); the same for every relay of a table",
 			relay.MaxPartitions))
@@ -164,6 +171,11 @@ func (o *runOptions) validate(c *common) error {
 		errs = append(errs, fmt.Errorf("--cleanup-mode: %w", err))
 	} else if d == outbox.DeleteOnDispatch && o.streamOpts.autoReplay {
 		errs = append(errs, errors.New("--auto-replay republishes dispatched rows, which --cleanup-mode OnDispatch deletes: use one or the other"))
+	}
+	if src, err := relay.ParseSource(o.source); err != nil {
+		errs = append(errs, fmt.Errorf("--source: %w", err))
+	} else if src == relay.SourceLogicalReplication && o.slot == "" {
+		errs = append(errs, errors.New("--source LogicalReplication needs --slot: the replication slot this relay streams from"))
 	}
 	if o.partitions < 1 || o.partitions > relay.MaxPartitions {
 		errs = append(errs, fmt.Errorf("--partitions %d: must be between 1 and %d", o.partitions, relay.MaxPartitions))
@@ -256,9 +268,20 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 	if err != nil {
 		return fmt.Errorf("--cleanup-mode: %w", err)
 	}
+	source, err := relay.ParseSource(o.source)
+	if err != nil {
+		return fmt.Errorf("--source: %w", err)
+	}
+	var replication *pgconn.Config
+	if source == relay.SourceLogicalReplication {
+		replication = poolCfg.ConnConfig.Config.Copy() // the pool's TLS and dialer; the reader sets its own parameters
+	}
 	cfg := relay.Config{
 		Ordering:            ordering,
 		Dispatch:            dispatch,
+		Source:              source,
+		Slot:                o.slot,
+		Replication:         replication,
 		LeaderTimeout:       o.leaderTimeout,
 		Partitions:          o.partitions,
 		Table:               table,

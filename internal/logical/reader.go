@@ -245,3 +245,20 @@ func (r *Reader) endStream(ctx context.Context) {
 		}
 	}
 }
+
+// KeepAlive sends the standby status when it is due, for a caller that
+// holds the stream without reading it for a while (the relay's catch-up
+// reads the table first): the server ends a client it has not heard from
+// for wal_sender_timeout.
+func (r *Reader) KeepAlive() error {
+	if r.err != nil {
+		return r.err
+	}
+	if time.Now().Before(r.nextStatus) {
+		return nil
+	}
+	if err := r.sendStatus(); err != nil {
+		return r.fail(err)
+	}
+	return nil
+}

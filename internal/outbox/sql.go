@@ -251,6 +251,45 @@ WHERE stream = $1 AND replayed_at IS NULL AND window_start >= $2 AND window_end 
 WHERE %[6]s >= $1 AND %[6]s < $2
 ORDER BY %[5]s, %[2]s`
 
+	// progressDDL (with %[14]s the progress table) creates the table where
+	// logical replication relays record, per slot, the last commit they
+	// published (progress.go).
+	progressDDL = `CREATE TABLE IF NOT EXISTS %[14]s (
+	slot text PRIMARY KEY,
+	last_commit timestamptz NULL,
+	catch_up_pending boolean NOT NULL DEFAULT false,
+	updated_at timestamptz NOT NULL DEFAULT now()
+);`
+
+	readProgressSQL = `SELECT last_commit, catch_up_pending FROM %[14]s WHERE slot = $1`
+
+	startCatchUpSQL = `INSERT INTO %[14]s (slot, catch_up_pending) VALUES ($1, true)
+ON CONFLICT (slot) DO UPDATE SET catch_up_pending = true, updated_at = now()`
+
+	// recordProgressSQL moves last_commit forward only; $3 ends a catch-up.
+	recordProgressSQL = `INSERT INTO %[14]s (slot, last_commit) VALUES ($1, $2)
+ON CONFLICT (slot) DO UPDATE SET
+	last_commit = greatest(%[14]s.last_commit, excluded.last_commit),
+	catch_up_pending = %[14]s.catch_up_pending AND NOT $3,
+	updated_at = now()`
+
+	// pendingSinceSQL reads a page of the rows not marked dispatched,
+	// created in [$1, $5] ($1 NULL: from the first), after the row ($2, $3)
+	// (NULL: from the start), in the claim's order, at most $4.
+	pendingSinceSQL = `SELECT %[2]s::text, %[3]s::text, %[4]s::text, %[5]s::timestamptz FROM %[1]s
+WHERE %[6]s IS NULL
+	AND ($1::timestamptz IS NULL OR %[5]s >= $1) AND %[5]s <= $5
+	AND ($2::timestamptz IS NULL OR (%[5]s, %[2]s::text) > ($2, $3::text))
+ORDER BY %[5]s, %[2]s::text
+LIMIT $4`
+
+	// backlogSinceSQL (with %[14]s the progress table) counts at most $2
+	// rows created after slot $1's last commit, and finds the oldest.
+	backlogSinceSQL = `WITH p AS (SELECT max(last_commit) AS since FROM %[14]s WHERE slot = $1)
+SELECT
+	(SELECT count(*) FROM (SELECT 1 FROM %[1]s, p WHERE p.since IS NULL OR %[5]s > p.since LIMIT $2) AS pending),
+	(SELECT min(%[5]s) FROM %[1]s, p WHERE p.since IS NULL OR %[5]s > p.since)::timestamptz`
+
 	// The trigger is statement-level: one NOTIFY per inserting statement,
 	// not per row. NOTIFY serialises committing transactions on a global
 	// lock, so it is optional and polling is good on its own.

@@ -8,6 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-dev/outbox-operator/internal/logical"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/pkg/contract"
 )
@@ -57,6 +60,28 @@ func ParseOrdering(s string) (Ordering, error) {
 		}
 	}
 	return "", fmt.Errorf("ordering %q: must be None, Strict or PerKey", s)
+}
+
+// Source is where a relay reads events.
+type Source string
+
+// The sources (docs/relay.md, "Which mode").
+const (
+	// SourcePolling claims pending rows with SQL: the default.
+	SourcePolling Source = "Polling"
+	// SourceLogicalReplication streams the table's inserts from a
+	// replication slot, in commit order (replicate.go).
+	SourceLogicalReplication Source = "LogicalReplication"
+)
+
+// ParseSource reads a source name, case-insensitively.
+func ParseSource(s string) (Source, error) {
+	for _, v := range []Source{SourcePolling, SourceLogicalReplication} {
+		if strings.EqualFold(s, string(v)) {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("source %q: must be Polling or LogicalReplication", s)
 }
 
 // Config configures a Relay. Zero values take the defaults above.
@@ -112,6 +137,19 @@ type Config struct {
 	// batches for a reset, and its consumer groups' positions read;
 	// default DefaultStreamCheckInterval (streamloss.go).
 	StreamCheckInterval time.Duration
+	// Source is where events come from; default SourcePolling.
+	Source Source
+	// Slot is the replication slot (source LogicalReplication), one per
+	// OutboxRelay: a slot serves one relay at a time, the others stand by.
+	Slot string
+	// Replication is the connection config of the replication stream
+	// (source LogicalReplication): the DSN's, for a role with the
+	// REPLICATION attribute.
+	Replication *pgconn.Config
+	// CatchUpMargin reaches back before the last recorded commit when a new
+	// slot's relay reads the rows its stream cannot hold; default
+	// DefaultCatchUpMargin.
+	CatchUpMargin time.Duration
 	// Dispatch is what a claim does with its rows, the cleanup mode:
 	// outbox.MarkDispatched (the default; cleanup deletes them after the
 	// retention) or outbox.DeleteOnDispatch (deleted by the batch's commit,
@@ -162,6 +200,8 @@ func (c Config) withDefaults() Config {
 	c.AutoReplayMaxWindow = cmp.Or(c.AutoReplayMaxWindow, DefaultAutoReplayMaxWindow)
 	c.Trim = c.Trim.withDefaults()
 	c.Ordering = cmp.Or(c.Ordering, OrderingNone)
+	c.Source = cmp.Or(c.Source, SourcePolling)
+	c.CatchUpMargin = cmp.Or(c.CatchUpMargin, DefaultCatchUpMargin)
 	c.LeaderTimeout = cmp.Or(c.LeaderTimeout, DefaultLeaderTimeout)
 	c.StandbyPoll = cmp.Or(c.StandbyPoll, DefaultStandbyPoll)
 	c.Partitions = cmp.Or(c.Partitions, DefaultPartitions)
@@ -218,6 +258,9 @@ func (c Config) validate() error {
 	if c.WaitReplicas > 0 && c.WaitTimeout >= c.PublishTimeout {
 		errs = append(errs, fmt.Errorf("wait timeout %s must be below the publish timeout %s", c.WaitTimeout, c.PublishTimeout))
 	}
+	if err := c.validateSource(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.AutoReplay && c.Dispatch == outbox.DeleteOnDispatch {
 		errs = append(errs, errors.New("auto-replay republishes dispatched rows, which cleanup mode OnDispatch deletes: "+
 			"use one or the other"))
@@ -227,6 +270,36 @@ func (c Config) validate() error {
 	}
 	if c.MinBackoff > c.MaxBackoff {
 		errs = append(errs, fmt.Errorf("min backoff %s above max backoff %s", c.MinBackoff, c.MaxBackoff))
+	}
+	return errors.Join(errs...)
+}
+
+// validateSource checks what source LogicalReplication needs and refuses
+// what it cannot do.
+func (c Config) validateSource() error {
+	if _, err := ParseSource(string(c.Source)); err != nil {
+		return err
+	}
+	if c.Source != SourceLogicalReplication {
+		return nil
+	}
+	var errs []error
+	if err := logical.ValidateSlot(c.Slot); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Replication == nil {
+		errs = append(errs, errors.New("source LogicalReplication needs a replication connection config"))
+	}
+	if c.Dispatch == outbox.DeleteOnDispatch {
+		errs = append(errs, errors.New("source LogicalReplication never touches the rows it streams: "+
+			"cleanup mode OnDispatch applies to polling only (delete rows in the application, or by age with relay cleanup)"))
+	}
+	if c.AutoReplay {
+		errs = append(errs, errors.New("source LogicalReplication marks no row dispatched, so auto-replay has nothing to replay from"))
+	}
+	if c.Ordering == OrderingPerKey {
+		errs = append(errs, errors.New("source LogicalReplication streams every event in commit order through one relay: "+
+			"each key's events are in order already; use ordering None or Strict"))
 	}
 	return errors.Join(errs...)
 }

@@ -13,6 +13,9 @@ const (
 	// ErrorKindDeadLetterTableMissing: a row had to be parked and the
 	// dead-letter table does not exist.
 	ErrorKindDeadLetterTableMissing = "dead_letter_table_not_found"
+	// ErrorKindSlotInvalidated: the replication slot was invalidated
+	// (source LogicalReplication) and is made again, with a catch-up.
+	ErrorKindSlotInvalidated = "slot_invalidated"
 )
 
 // Metrics are the relay's Prometheus collectors.
@@ -64,7 +67,7 @@ func NewMetrics() *Metrics {
 	}
 	m.stream = newStreamMetrics()
 	for _, k := range []string{
-		ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout, ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas,
+		ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout, ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas, ErrorKindSlotInvalidated,
 	} {
 		m.Errors.WithLabelValues(k)
 	}

@@ -107,16 +107,19 @@ func (r *Relay) setErr(err error) {
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("Relay started", "database", r.cfg.Database, "batchSize", r.cfg.BatchSize,
 		"pollInterval", r.cfg.PollInterval.String(), "inFlight", r.cfg.InFlight, "ordering", string(r.cfg.Ordering),
-		"cleanupMode", r.cfg.Dispatch.String())
+		"cleanupMode", r.cfg.Dispatch.String(), "source", string(r.cfg.Source))
 	r.ensureDeadLetterTable(ctx)
 	listenCtx, stopListening := context.WithCancel(ctx)
 	var background sync.WaitGroup
 	background.Go(func() { r.listen(listenCtx) })
 	background.Go(func() { r.watchStream(listenCtx) }) // stream resets, trimming (streamloss.go, trim.go)
 
-	if r.cfg.Ordering != OrderingNone {
+	switch {
+	case r.cfg.Source == SourceLogicalReplication:
+		r.replicate(ctx) // one reader per slot: commit order, whatever the ordering
+	case r.cfg.Ordering != OrderingNone:
 		r.own(ctx)
-	} else {
+	default:
 		r.pipeline(ctx, nil)
 	}
 	stopListening()

@@ -1,0 +1,143 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-dev/outbox-operator/internal/pgtx"
+)
+
+// The progress of logical replication relays (source LogicalReplication),
+// beside the outbox table: one row per replication slot. Rows streamed from
+// the WAL are never marked dispatched, so this is where the operator learns
+// how far a slot's relay got (BacklogSince), and where a relay remembers
+// that the rows committed before its slot existed still have to be
+// published (a catch-up).
+
+// ProgressTableName is the name of the progress table, in the outbox
+// table's schema.
+func (t *Table) ProgressTableName() string { return t.objectName("relay_progress") }
+
+// ProgressTable is that table's name as a person would type it.
+func (t *Table) ProgressTable() string {
+	if t.schema != "" {
+		return t.schema + "." + t.ProgressTableName()
+	}
+	return t.ProgressTableName()
+}
+
+// progress fills a statement on the progress table (%[14]s).
+func (t *Table) progress(tmpl string) string {
+	return t.format(tmpl, t.qualified(t.ProgressTableName()))
+}
+
+// Progress is one slot's row.
+type Progress struct {
+	// LastCommit is the commit time of the last transaction the slot's relay
+	// published and confirmed, or when its last catch-up read the table;
+	// nil before the first.
+	LastCommit *time.Time
+	// CatchUpPending says that the slot was (re)created and the rows
+	// committed before it have not all been published yet.
+	CatchUpPending bool
+}
+
+// EnsureProgressTable creates the progress table if it is missing.
+func (t *Table) EnsureProgressTable(ctx context.Context, db pgtx.Beginner) error {
+	if err := t.ApplyDDL(ctx, db, t.progress(progressDDL)); err != nil {
+		return fmt.Errorf("creating the replication progress table %s: %w", t.ProgressTable(), err)
+	}
+	return nil
+}
+
+// ReadProgress reads the slot's row; ok is false when it has none.
+func (t *Table) ReadProgress(ctx context.Context, q Querier, slot string) (p Progress, ok bool, err error) {
+	err = q.QueryRow(ctx, t.progress(readProgressSQL), slot).Scan(&p.LastCommit, &p.CatchUpPending)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Progress{}, false, nil
+	}
+	if err != nil {
+		return Progress{}, false, t.classify(fmt.Errorf("reading %s: %w", t.ProgressTable(), err))
+	}
+	return p, true, nil
+}
+
+// StartCatchUp records, before the slot is created, that a catch-up is due:
+// a relay that stops before it ends does it again.
+func (t *Table) StartCatchUp(ctx context.Context, q Querier, slot string) error {
+	if _, err := q.Exec(ctx, t.progress(startCatchUpSQL), slot); err != nil {
+		return t.classify(fmt.Errorf("recording a catch-up in %s: %w", t.ProgressTable(), err))
+	}
+	return nil
+}
+
+// RecordProgress records that everything committed up to lastCommit is
+// published; done ends a catch-up. The time never goes back.
+func (t *Table) RecordProgress(ctx context.Context, q Querier, slot string, lastCommit time.Time, done bool) error {
+	if _, err := q.Exec(ctx, t.progress(recordProgressSQL), slot, lastCommit, done); err != nil {
+		return t.classify(fmt.Errorf("recording progress in %s: %w", t.ProgressTable(), err))
+	}
+	return nil
+}
+
+// PendingSince returns up to limit rows not marked dispatched, created in
+// [since, until] (since nil: from the first), after the row (afterCreated,
+// afterID) when afterCreated is not nil, in the claim's order: a catch-up
+// reads the table in pages with it, and marks nothing.
+func (t *Table) PendingSince(ctx context.Context, q Querier, since *time.Time, until time.Time, afterCreated *time.Time,
+	afterID string, limit int) ([]Event, error) {
+	rows, err := q.Query(ctx, t.format(pendingSinceSQL), since, afterCreated, afterID, limit, until)
+	if err != nil {
+		return nil, t.classify(err)
+	}
+	defer rows.Close()
+	var events []Event
+	for rows.Next() {
+		var id, typ, payload *string
+		var created *time.Time
+		if err := rows.Scan(&id, &typ, &payload, &created); err != nil {
+			return nil, fmt.Errorf("scanning row: %w", err)
+		}
+		events = append(events, newEvent(t.columns, id, typ, payload, created))
+	}
+	return events, t.classify(rows.Err())
+}
+
+// Now is the server's clock, which created_at defaults read.
+func Now(ctx context.Context, q Querier) (time.Time, error) {
+	var now time.Time
+	if err := q.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+		return time.Time{}, fmt.Errorf("reading the server's clock: %w", err)
+	}
+	return now, nil
+}
+
+// BacklogSince is the backlog of a logical replication relay: the rows
+// created after the slot's last published commit (the progress table), at
+// most limit counted (0: all), and the oldest of them. A row's created_at
+// is usually its transaction's start, before its commit, so a transaction
+// that ran across the last commit is not counted: an estimate, low by the
+// rows of such transactions. Without a progress row every row counts.
+func (t *Table) BacklogSince(ctx context.Context, q Querier, slot string, limit int64) (Backlog, error) {
+	var b Backlog
+	n := limit + 1
+	if limit <= 0 {
+		n = 1 << 62
+	}
+	if err := q.QueryRow(ctx, t.progress(backlogSinceSQL), slot, n).Scan(&b.Count, &b.Oldest); err != nil {
+		return Backlog{}, t.classify(err)
+	}
+	if limit > 0 && b.Count > limit {
+		b.Count, b.Capped = limit, true
+	}
+	dead, err := t.CountDeadLetters(ctx, q)
+	if err != nil {
+		return Backlog{}, err
+	}
+	b.DeadLetters = dead
+	return b, nil
+}

@@ -1,0 +1,272 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/logical"
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
+)
+
+// The relay with source LogicalReplication: events from the slot in commit
+// order, the slot confirmed only after Redis acknowledged them, rows never
+// marked, and a catch-up from the table where the stream cannot reach.
+
+// replicating is a Config for source LogicalReplication on the bundle's
+// database, with a slot of the test's own, dropped at the end (a slot left
+// behind keeps its database from being dropped).
+func (b *testBundle) replicating(t *testing.T, cfg Config) Config {
+	t.Helper()
+	pc, err := pgconn.ParseConfig(b.dsn)
+	require.NoError(t, err)
+	cfg.Source, cfg.Replication = SourceLogicalReplication, pc
+	if cfg.Slot == "" {
+		cfg.Slot = "relay_test"
+	}
+	if cfg.StandbyPoll == 0 {
+		cfg.StandbyPoll = 50 * time.Millisecond
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := logical.DropSlot(ctx, b.db, cfg.Slot); err != nil {
+			t.Errorf("dropping slot %s: %v", cfg.Slot, err)
+		}
+	})
+	return cfg
+}
+
+// dispatchedRows counts rows marked dispatched: a replicating relay marks none.
+func (b *testBundle) dispatchedRows(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.QueryRow(context.Background(), `SELECT count(*) FROM outbox_events WHERE dispatched_at IS NOT NULL`).Scan(&n))
+	return n
+}
+
+// waitStream waits until the stream holds every id (at least once) and
+// returns its entries.
+func (b *testBundle) waitStream(t *testing.T, ids []string) []entry {
+	t.Helper()
+	var entries []entry
+	waitFor(t, fmt.Sprintf("%d events in the stream", len(ids)), func() bool {
+		entries = b.readStream(t, b.stream)
+		seen := map[string]bool{}
+		for _, e := range entries {
+			seen[e[FieldEventID]] = true
+		}
+		for _, id := range ids {
+			if !seen[id] {
+				return false
+			}
+		}
+		return true
+	})
+	return entries
+}
+
+// insertNow writes n events, one transaction each, with created_at the
+// column's default (the transaction's start), as the catch-up after a lost
+// slot expects; it returns their ids.
+func (b *testBundle) insertNow(t *testing.T, n int) []string {
+	t.Helper()
+	ids := make([]string, 0, n)
+	for i := range n {
+		var id string
+		require.NoError(t, b.db.QueryRow(context.Background(),
+			`INSERT INTO outbox_events (event_type, payload) VALUES ('order_created', $1) RETURNING id::text`,
+			fmt.Sprintf(`{"n":%d}`, i)).Scan(&id))
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func TestReplicationCatchesUpThenStreamsInCommitOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	before := b.insert(t, 30) // committed before any slot: the catch-up's
+	r := b.newRelay(t, b.replicating(t, Config{BatchSize: 10}))
+	stop := runInBackground(t, r)
+	b.waitStream(t, before)
+	after := b.insert(t, 40) // from the slot's stream
+	entries := b.waitStream(t, append(append([]string{}, before...), after...))
+	require.NoError(t, stop())
+
+	requireEachOnce(t, entries, append(before, after...))
+	for i, e := range entries {
+		require.Equal(t, append(before, after...)[i], e[FieldEventID], "entry %d out of order", i)
+	}
+	require.Zero(t, b.dispatchedRows(t), "streamed rows are never marked")
+	p, ok, err := b.table.ReadProgress(context.Background(), b.db, "relay_test")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.False(t, p.CatchUpPending)
+	require.NotNil(t, p.LastCommit)
+	bl, err := b.table.BacklogSince(context.Background(), b.db, "relay_test", 0)
+	require.NoError(t, err)
+	require.Zero(t, bl.Count, "nothing created after the last published commit")
+
+	// A new relay on the same slot neither catches up again nor repeats
+	// what was confirmed.
+	r = b.newRelay(t, b.replicating(t, Config{BatchSize: 10}))
+	stop = runInBackground(t, r)
+	last := b.insert(t, 5)
+	entries = b.waitStream(t, last)
+	require.NoError(t, stop())
+	requireEachOnce(t, entries, append(append(before, after...), last...))
+}
+
+func TestReplicationCrashBetweenXADDAndConfirmRepublishes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	r := b.newRelay(t, b.replicating(t, Config{BatchSize: 100}))
+	var crashes atomic.Int32
+	crash := errors.New("relay lost before the confirm")
+	r.testHookBeforeCommit = func(context.Context) error {
+		if crashes.Add(1) <= 2 {
+			return crash
+		}
+		return nil
+	}
+	stop := runInBackground(t, r)
+	waitFor(t, "the relay streaming", func() bool { return r.Ready() == nil })
+	ids := b.insert(t, 20)
+	entries := b.waitStream(t, ids)
+	waitFor(t, "past the crashes", func() bool { return crashes.Load() > 2 })
+	require.NoError(t, stop())
+	dups := requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+	require.Positive(t, dups, "the unconfirmed tail came again: a duplicate, not a loss")
+	require.Positive(t, testutilCounter(r.cfg.Metrics.Errors.WithLabelValues(ErrorKindPostgres)))
+	_ = entries
+}
+
+func TestReplicationSurvivesAPostgresRestart(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgres(t)
+	b := setup(t, bundleOpts{dsn: pg.DSN()})
+	r := b.newRelay(t, b.replicating(t, Config{BatchSize: 50}))
+	stop := runInBackground(t, r)
+	first := b.insert(t, 20)
+	b.waitStream(t, first)
+	pg.Stop(t)
+	waitFor(t, "not ready while PostgreSQL is down", func() bool { return r.Ready() != nil })
+	pg.Start(t)
+	second := b.insert(t, 20)
+	b.waitStream(t, append(append([]string{}, first...), second...))
+	require.NoError(t, stop())
+	requireAtLeastOnce(t, b.readStream(t, b.stream), append(first, second...))
+}
+
+func TestReplicationRecoversAnInvalidatedSlotFromTheTable(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgres(t, testenv.WithPostgresSetting("max_slot_wal_keep_size=1MB"))
+	b := setup(t, bundleOpts{dsn: pg.DSN()})
+	cfg := b.replicating(t, Config{BatchSize: 50, CatchUpMargin: time.Second})
+	stop := runInBackground(t, b.newRelay(t, cfg))
+	first := b.insertNow(t, 10)
+	b.waitStream(t, first)
+	require.NoError(t, stop())
+
+	// While no relay streams, rows arrive and the server removes the WAL
+	// that holds them: the slot is lost.
+	gap := b.insertNow(t, 15)
+	ctx := context.Background()
+	waitFor(t, "the slot invalidated", func() bool {
+		_, err := b.db.Exec(ctx, `CREATE TABLE IF NOT EXISTS filler (x text);
+			INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 3000);
+			SELECT pg_switch_wal(); CHECKPOINT;`)
+		require.NoError(t, err)
+		st, err := logical.Status(ctx, b.db, cfg.Slot)
+		require.NoError(t, err)
+		return st.WALStatus == "lost"
+	})
+
+	r := b.newRelay(t, cfg)
+	stop = runInBackground(t, r)
+	b.waitStream(t, gap) // from the table, in the catch-up
+	later := b.insertNow(t, 5)
+	b.waitStream(t, later) // and the new slot streams again
+	require.NoError(t, stop())
+	requireAtLeastOnce(t, b.readStream(t, b.stream), append(append(first, gap...), later...))
+	require.InDelta(t, 1, testutilCounter(r.cfg.Metrics.Errors.WithLabelValues(ErrorKindSlotInvalidated)), 0)
+}
+
+func TestReplicationFollowsATableAltered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	r := b.newRelay(t, b.replicating(t, Config{}))
+	stop := runInBackground(t, r)
+	ctx := context.Background()
+	first := b.insert(t, 3)
+	b.waitStream(t, first)
+
+	_, err := b.db.Exec(ctx, `ALTER TABLE outbox_events ADD COLUMN tenant text DEFAULT 'a'`)
+	require.NoError(t, err)
+	second := b.insert(t, 3)
+	b.waitStream(t, second)
+
+	// Without its payload column a row cannot be published: it is parked,
+	// and the stream goes on.
+	_, err = b.db.Exec(ctx, `ALTER TABLE outbox_events RENAME COLUMN payload TO body;
+		INSERT INTO outbox_events (event_type, body) VALUES ('renamed', '{}');
+		ALTER TABLE outbox_events RENAME COLUMN body TO payload;`)
+	require.NoError(t, err)
+	third := b.insert(t, 3)
+	b.waitStream(t, third)
+	waitFor(t, "the row without payload parked", func() bool { return len(b.deadLetters(t)) == 1 })
+	require.NoError(t, stop())
+	parked := b.deadLetters(t)
+	require.Contains(t, parked[0].Reason, "NULL in column payload")
+	requireEachOnce(t, b.readStream(t, b.stream), append(append(first, second...), third...))
+}
+
+func TestReplicationSecondRelayStandsByAndTakesOver(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	cfg := b.replicating(t, Config{})
+	a := b.newRelay(t, cfg)
+	stopA := runInBackground(t, a)
+	first := b.insert(t, 5)
+	b.waitStream(t, first)
+	standby := b.newRelay(t, cfg)
+	stopB := runInBackground(t, standby)
+	waitFor(t, "the standby ready", func() bool { return standby.Ready() == nil })
+	require.Zero(t, testutilCounter(standby.cfg.Metrics.EventsPublished), "a standby publishes nothing")
+	require.NoError(t, stopA())
+	second := b.insert(t, 5)
+	b.waitStream(t, second)
+	require.NoError(t, stopB())
+	require.Positive(t, testutilCounter(standby.cfg.Metrics.EventsPublished), "the standby took over")
+	requireEachOnce(t, b.readStream(t, b.stream), append(first, second...))
+}
+
+func TestReplicationConfigRefusals(t *testing.T) {
+	t.Parallel()
+	table := outbox.MustNew("", outbox.Columns{Key: "k"})
+	for name, tc := range map[string]struct {
+		cfg  Config
+		want string
+	}{
+		"no slot":       {Config{Source: SourceLogicalReplication, Replication: &pgconn.Config{}}, "slot"},
+		"bad slot":      {Config{Source: SourceLogicalReplication, Slot: "Bad-Name", Replication: &pgconn.Config{}}, "slot"},
+		"no connection": {Config{Source: SourceLogicalReplication, Slot: "s"}, "needs a replication connection config"},
+		"on dispatch": {Config{Source: SourceLogicalReplication, Slot: "s", Replication: &pgconn.Config{},
+			Dispatch: outbox.DeleteOnDispatch}, "cleanup mode OnDispatch applies to polling only"},
+		"per key": {Config{Source: SourceLogicalReplication, Slot: "s", Replication: &pgconn.Config{},
+			Ordering: OrderingPerKey}, "use ordering None or Strict"},
+		"unknown": {Config{Source: "Carrier pigeon"}, `source "Carrier pigeon": must be Polling or LogicalReplication`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tc.cfg.Table = table
+			require.ErrorContains(t, tc.cfg.withDefaults().validate(), tc.want)
+		})
+	}
+}
