@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -39,6 +40,9 @@ type benchEnv struct {
 	db                      *pgxpool.Pool
 	rdb                     *redis.Client
 	table                   *outbox.Table
+	// postmaster is the PostgreSQL server's pid, 0 if /proc does not show
+	// it: its process tree's CPU time is the database's (pgCPU).
+	postmaster int
 	// extraArgs are added to every relay started (the wait section).
 	extraArgs []string
 }
@@ -62,7 +66,17 @@ func newBenchEnv(ctx context.Context, dsn, redisURL, relayBin string) (*benchEnv
 		db.Close()
 		return nil, err
 	}
-	return &benchEnv{dsn: dsn, redisURL: redisURL, relayBin: relayBin, db: db, rdb: redis.NewClient(opts), table: table}, nil
+	var backend int
+	if err := db.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		db.Close()
+		return nil, err
+	}
+	postmaster := 0
+	if st, ok := readStat(backend); ok {
+		postmaster = st.ppid // a backend is a child of the postmaster
+	}
+	return &benchEnv{dsn: dsn, redisURL: redisURL, relayBin: relayBin, db: db, rdb: redis.NewClient(opts), table: table,
+		postmaster: postmaster}, nil
 }
 
 func (e *benchEnv) close() {
@@ -95,9 +109,10 @@ type rawResult struct {
 	rate         float64
 }
 
-// rawClaimRate drains n rows with the claim statement and a commit per
-// batch, on conns connections, without Redis: the ceiling PostgreSQL sets.
-func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int) (float64, error) {
+// rawClaimRate drains n rows with the claim statement of cleanup mode d
+// (mark or delete) and a commit per batch, on conns connections, without
+// Redis: the ceiling PostgreSQL sets.
+func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int, d outbox.Dispatch) (float64, error) {
 	if err := e.load(ctx, n); err != nil {
 		return 0, err
 	}
@@ -112,7 +127,7 @@ func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int) (float
 					errs <- err
 					return
 				}
-				events, err := e.table.Claim(ctx, tx, outbox.MarkDispatched, batch)
+				events, err := e.table.Claim(ctx, tx, d, batch)
 				if err == nil {
 					err = tx.Commit(ctx)
 				}
@@ -138,30 +153,80 @@ func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int) (float
 
 type throughputResult struct {
 	batch, procs, inFlight int
-	rate                   float64 // events/s from the first to the last XADD
-	rssMiB                 float64 // the largest peak RSS among the processes
-	ofRaw                  float64 // rate / raw claim rate measured just before
+	dispatch               outbox.Dispatch // the relays' --cleanup-mode
+	rate                   float64         // events/s from the first to the last XADD
+	rssMiB                 float64         // the largest peak RSS among the processes
+	raw                    float64         // raw claim rate of the same mode, measured just before (drain)
+	ofRaw                  float64         // rate / raw
+	pgCPUPer1k             float64         // PostgreSQL's CPU ms per 1,000 events drained; NaN: not measured
 	runs                   []throughputResult
 }
 
-// median picks the run with the median rate; RSS is the largest of all runs.
+// median picks the run with the median rate; RSS is the largest of all
+// runs, the raw rate, the fraction and the database's CPU their own medians.
 func (t throughputResult) median() throughputResult {
 	runs := slices.Clone(t.runs)
 	slices.SortFunc(runs, func(a, b throughputResult) int { return cmp.Compare(a.rate, b.rate) })
 	m := runs[len(runs)/2]
+	var raws, fractions, cpus []float64
 	for _, r := range runs {
 		m.rssMiB = max(m.rssMiB, r.rssMiB)
+		raws, fractions, cpus = append(raws, r.raw), append(fractions, r.ofRaw), append(cpus, r.pgCPUPer1k)
 	}
+	m.raw, m.ofRaw, m.pgCPUPer1k = medianOf(raws), medianOf(fractions), medianOf(cpus)
+	m.runs = t.runs
 	return m
 }
 
-// throughput loads n rows and drains them with procs relay processes.
-func (e *benchEnv) throughput(ctx context.Context, n, batch, procs, inFlight int) (throughputResult, error) {
-	res := throughputResult{batch: batch, procs: procs, inFlight: inFlight}
+// drains runs drain repeat times and returns the median.
+func (e *benchEnv) drains(ctx context.Context, repeat, n, batch, procs, inFlight int, d outbox.Dispatch) (throughputResult, error) {
+	var res throughputResult
+	for range repeat {
+		r, err := e.drain(ctx, n, batch, procs, inFlight, d)
+		if err != nil {
+			return res, err
+		}
+		res.runs = append(res.runs, r)
+	}
+	return res.median(), nil
+}
+
+// drain measures one configuration once: the raw claim rate of cleanup mode
+// d on as many connections as relay processes, then the relays draining as
+// many rows. The raw claim rate is measured right before each relay run so
+// that the fraction compares like with like on a machine whose load may
+// change during the run.
+func (e *benchEnv) drain(ctx context.Context, n, batch, procs, inFlight int, d outbox.Dispatch) (throughputResult, error) {
+	raw, err := e.rawClaimRate(ctx, n, batch, procs, d)
+	if err != nil {
+		return throughputResult{}, err
+	}
+	r, err := e.throughput(ctx, n, batch, procs, inFlight, d)
+	if err != nil {
+		return r, err
+	}
+	r.raw, r.ofRaw = raw, r.rate/raw
+	return r, nil
+}
+
+// cleanupArgs are the relay flags of cleanup mode d: none for the default.
+func cleanupArgs(d outbox.Dispatch) []string {
+	if d == outbox.MarkDispatched {
+		return nil
+	}
+	return []string{"--cleanup-mode=" + d.String()}
+}
+
+// throughput loads n rows and drains them with procs relay processes in
+// cleanup mode d.
+func (e *benchEnv) throughput(ctx context.Context, n, batch, procs, inFlight int, d outbox.Dispatch) (throughputResult, error) {
+	res := throughputResult{batch: batch, procs: procs, inFlight: inFlight, dispatch: d, pgCPUPer1k: math.NaN()}
 	if err := e.load(ctx, n); err != nil {
 		return res, err
 	}
-	relays, err := e.startRelays(procs, "--batch-size="+strconv.Itoa(batch), "--in-flight="+strconv.Itoa(inFlight))
+	cpuBefore, cpuOK := e.pgCPU()
+	relays, err := e.startRelays(procs, append([]string{"--batch-size=" + strconv.Itoa(batch),
+		"--in-flight=" + strconv.Itoa(inFlight)}, cleanupArgs(d)...)...)
 	if err != nil {
 		return res, err
 	}
@@ -180,6 +245,9 @@ func (e *benchEnv) throughput(ctx context.Context, n, batch, procs, inFlight int
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	if cpuAfter, ok := e.pgCPU(); ok && cpuOK {
+		res.pgCPUPer1k = float64(cpuAfter-cpuBefore) / float64(time.Millisecond) / (float64(n) / 1000)
+	}
 	for _, r := range relays {
 		res.rssMiB = max(res.rssMiB, peakRSSMiB(r.Process.Pid))
 	}
@@ -194,6 +262,74 @@ func (e *benchEnv) throughput(ctx context.Context, n, batch, procs, inFlight int
 	ms := entryMillis(last[0].ID) - entryMillis(first[0].ID) + 1
 	res.rate = float64(n) / (float64(ms) / 1000)
 	return res, nil
+}
+
+// clockTick is the unit of the CPU times in /proc/<pid>/stat: USER_HZ, 100
+// on every architecture Linux runs Go on.
+const clockTick = 10 * time.Millisecond
+
+// procStat is what pgCPU reads of /proc/<pid>/stat.
+type procStat struct {
+	ppid int
+	cpu  time.Duration // utime+stime, and cutime+cstime: of the children waited for
+}
+
+// readStat reads /proc/<pid>/stat; false if the process is gone or hidden.
+func readStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procStat{}, false
+	}
+	// The command, field 2, is in parentheses and may hold spaces; the
+	// fields after it start with field 3 (state).
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return procStat{}, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 15 {
+		return procStat{}, false
+	}
+	st := procStat{}
+	st.ppid, _ = strconv.Atoi(f[1]) // field 4
+	for _, k := range f[11:15] {    // fields 14 to 17: utime, stime, cutime, cstime
+		t, _ := strconv.ParseInt(k, 10, 64)
+		st.cpu += time.Duration(t) * clockTick
+	}
+	return st, true
+}
+
+// pgCPU is the CPU time the PostgreSQL server has used so far: the
+// postmaster's, its live children's (backends, WAL writer, checkpointer,
+// autovacuum) and, through the postmaster's cutime and cstime, that of the
+// children that have exited. The difference of two readings is the
+// database's CPU between them; false if it cannot be read.
+func (e *benchEnv) pgCPU() (time.Duration, bool) {
+	if e.postmaster == 0 {
+		return 0, false
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, false
+	}
+	var total time.Duration
+	for _, d := range entries {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil || pid == e.postmaster {
+			continue
+		}
+		if st, ok := readStat(pid); ok && st.ppid == e.postmaster {
+			total += st.cpu
+		}
+	}
+	// Read last: a child that exits during the scan is then counted twice
+	// at worst (live, and reaped), never missed. The relays' backends stay
+	// open until the relays stop, after the reading.
+	st, ok := readStat(e.postmaster)
+	if !ok {
+		return 0, false
+	}
+	return total + st.cpu, true
 }
 
 // entryMillis is the Redis time, in ms, at which an entry was added.
@@ -274,6 +410,10 @@ func (e *benchEnv) latency(ctx context.Context, rate int, d time.Duration, notif
 type latencyOptions struct {
 	notify bool
 	mode   *modeConfig
+	// relays is how many default relays run when mode is nil (0: one).
+	relays int
+	// dispatch is the relays' cleanup mode.
+	dispatch outbox.Dispatch
 }
 
 // latencyWith is latency with options.
@@ -304,7 +444,7 @@ func (e *benchEnv) latencyWith(ctx context.Context, rate int, d time.Duration, o
 			return res, err
 		}
 	}
-	procs, args := 1, []string(nil)
+	procs, args := cmp.Or(opts.relays, 1), []string(nil)
 	insertSQL := `INSERT INTO outbox_events (event_type, payload)
 					SELECT 'order_created', ` + payloadSQL + ` FROM (SELECT $1::int AS g) s RETURNING id::text`
 	if opts.mode != nil {
@@ -313,7 +453,7 @@ func (e *benchEnv) latencyWith(ctx context.Context, rate int, d time.Duration, o
 					SELECT 'order_created', ` + payloadSQL + `, 'agg-' || (g % ` + strconv.Itoa(keyCount) + `)
 					FROM (SELECT $1::int AS g) s RETURNING id::text`
 	}
-	relays, err := e.startRelays(procs, args...)
+	relays, err := e.startRelays(procs, append(args, cleanupArgs(opts.dispatch)...)...)
 	if err != nil {
 		return res, err
 	}

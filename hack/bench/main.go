@@ -8,7 +8,11 @@
 //   - latency: under a steady offered load from a producer, the time from the
 //     commit of an outbox row to its arrival in the stream, p50/p99/max, with
 //     polling alone and with the NOTIFY trigger;
-//   - the relay's peak RSS.
+//   - the relay's peak RSS;
+//   - the ordering modes (--ordering) and the cost of --wait-replicas;
+//   - the cleanup modes: the default claim-and-mark against --cleanup-mode
+//     OnDispatch's claim-and-delete, each beside the raw claim rate of its
+//     own claim, with latency and PostgreSQL's CPU per 1,000 events.
 //
 // It starts a throwaway PostgreSQL and Redis (internal/testenv) and builds
 // the relay from this repository. Run it with `make bench`.
@@ -28,6 +32,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -46,7 +51,7 @@ type options struct {
 }
 
 // sectionNames are the parts of the benchmark, in the order they run.
-var sectionNames = []string{"raw", "throughput", "latency", "modes", "wait"}
+var sectionNames = []string{"raw", "throughput", "latency", "modes", "wait", "cleanup"}
 
 func main() {
 	var o options
@@ -62,7 +67,7 @@ func main() {
 	flag.StringVar(&o.relayBin, "relay", "", "relay binary (default: built from ./cmd/relay)")
 	flag.StringVar(&sections, "sections", strings.Join(sectionNames, ","),
 		"parts to run: raw (claim rate), throughput (the batch/process matrix), latency, modes (the ordering modes), "+
-			"wait (--wait-replicas 0 and 1 against a replica)")
+			"wait (--wait-replicas 0 and 1 against a replica), cleanup (--cleanup-mode AfterRetention and OnDispatch)")
 	flag.StringVar(&modes, "modes", "None:1,Strict:2,PerKey:1,PerKey:4",
 		"ordering modes to measure, each ordering:relays (Strict:2 is one active relay and one standby)")
 	flag.Parse()
@@ -148,7 +153,9 @@ func run(ctx context.Context, o options) (err error) {
 		if !o.sections["raw"] {
 			break
 		}
-		rate, err := median(o.repeat, func() (float64, error) { return env.rawClaimRate(ctx, o.rows, 500, conns) })
+		rate, err := median(o.repeat, func() (float64, error) {
+			return env.rawClaimRate(ctx, o.rows, 500, conns, outbox.MarkDispatched)
+		})
 		if err != nil {
 			return err
 		}
@@ -161,26 +168,10 @@ func run(ctx context.Context, o options) (err error) {
 		}
 		for _, batch := range o.batchSizes {
 			for _, procs := range o.procs {
-				// The raw claim rate is measured again right before each
-				// relay run, on as many connections as relay processes, so
-				// that the fraction compares like with like on a machine
-				// whose load may change during the run.
-				var res throughputResult
-				var fractions []float64
-				for range o.repeat {
-					raw, err := env.rawClaimRate(ctx, o.rows, batch, procs)
-					if err != nil {
-						return err
-					}
-					r, err := env.throughput(ctx, o.rows, batch, procs, inFlight)
-					if err != nil {
-						return err
-					}
-					fractions = append(fractions, r.rate/raw)
-					res.runs = append(res.runs, r)
+				res, err := env.drains(ctx, o.repeat, o.rows, batch, procs, inFlight, outbox.MarkDispatched)
+				if err != nil {
+					return err
 				}
-				res = res.median()
-				res.ofRaw = medianOf(fractions)
 				report.throughput = append(report.throughput, res)
 				logf("relay, batch %d, %d process(es), %d in flight: %.0f events/s (%.0f%% of raw), peak RSS %.1f MiB",
 					batch, procs, inFlight, res.rate, 100*res.ofRaw, res.rssMiB)
@@ -206,6 +197,12 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	if o.sections["wait"] {
 		if report.wait, err = env.runWait(ctx, o, rs.Port()); err != nil {
+			return err
+		}
+		report.rate = o.rate
+	}
+	if o.sections["cleanup"] {
+		if report.cleanup, err = env.runCleanup(ctx, o); err != nil {
 			return err
 		}
 		report.rate = o.rate

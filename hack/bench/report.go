@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +12,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
 type report struct {
@@ -21,7 +24,8 @@ type report struct {
 	latency    []latencyResult
 	modes      []modeResult
 	wait       []waitResult
-	rate       int // offered load of the mode and wait latency runs
+	cleanup    []cleanupResult
+	rate       int // offered load of the mode, wait and cleanup latency runs
 }
 
 // print writes the report to w in one write: the tables are built in memory.
@@ -42,6 +46,9 @@ func (r *report) print(w io.Writer) error {
 	}
 	if len(r.modes) > 0 {
 		r.printModes(&b)
+	}
+	if len(r.cleanup) > 0 {
+		r.printCleanup(&b)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -108,7 +115,9 @@ func ms(d time.Duration) string {
 }
 
 // chart draws events/s per batch size, one bar group per process count, and
-// the raw claim rate of one connection as a reference line.
+// the raw claim rate of one connection as a reference line; the cleanup
+// section's OnDispatch relays add bars at its batch size (its default-mode
+// runs are the throughput section's configuration again).
 func (r *report) chart(path string) error {
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Relay throughput, %d rows (raw claim rate dashed)", r.rows)
@@ -117,8 +126,17 @@ func (r *report) chart(path string) error {
 	var batches []int
 	bySeries := map[string]map[int]float64{}
 	var series []string
-	for _, x := range r.throughput {
+	results := slices.Clone(r.throughput)
+	for _, x := range r.cleanup {
+		if x.drain.dispatch == outbox.DeleteOnDispatch {
+			results = append(results, x.drain)
+		}
+	}
+	for _, x := range results {
 		name := fmt.Sprintf("%d process(es), %d in flight", x.procs, x.inFlight)
+		if x.dispatch == outbox.DeleteOnDispatch {
+			name = "--cleanup-mode OnDispatch, " + name
+		}
 		if bySeries[name] == nil {
 			bySeries[name] = map[int]float64{}
 			series = append(series, name)
@@ -152,7 +170,7 @@ func (r *report) chart(path string) error {
 		line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		line.Color = plotutil.Color(len(series) + i)
 		p.Add(line)
-		p.Legend.Add(fmt.Sprintf("raw claim, %d connection(s)", raw.conns), line)
+		p.Legend.Add(fmt.Sprintf("raw claim and mark, %d connection(s)", raw.conns), line)
 	}
 	names := make([]string, len(batches))
 	for i, b := range batches {
@@ -163,6 +181,9 @@ func (r *report) chart(path string) error {
 	p.Legend.Left = true
 	p.Y.Min = 0
 	p.Y.Max *= 1.35 // room for the legend above the bars
+	if len(results) > len(r.throughput) {
+		p.Y.Max *= 1.15 // and for its OnDispatch entries
+	}
 	return p.Save(8*vg.Inch, 4.5*vg.Inch, path)
 }
 

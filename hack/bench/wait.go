@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -38,7 +39,7 @@ func (e *benchEnv) runWait(ctx context.Context, o options, primaryPort int) ([]w
 		e.extraArgs = []string{"--wait-replicas=" + strconv.Itoa(n)}
 		res := waitResult{replicas: n}
 		for range o.repeat {
-			r, err := e.throughput(ctx, o.rows, 500, 1, 2)
+			r, err := e.throughput(ctx, o.rows, 500, 1, 2, outbox.MarkDispatched)
 			if err != nil {
 				return nil, err
 			}
