@@ -25,6 +25,8 @@ type doctorOptions struct {
 	output                   string
 	timeout                  time.Duration
 	skipPostgres, skipRedis  bool
+	slot                     string
+	maxRetainedWAL           int64
 }
 
 func newDoctorCommand(c *common) *cobra.Command {
@@ -36,7 +38,11 @@ func newDoctorCommand(c *common) *cobra.Command {
 
 PostgreSQL (DATABASE_URL): the table and its columns with usable types, the
 partial pending index, the role's privileges (SELECT, UPDATE, DELETE; INSERT on
-the dead-letter table), the optional NOTIFY trigger.
+the dead-letter table), the optional NOTIFY trigger. With --slot (source
+LogicalReplication): wal_level logical, the role's REPLICATION attribute,
+max_slot_wal_keep_size set (unset: warn, a stopped relay can fill the disk),
+and the slot: invalidated (fail) or retaining more WAL than
+--max-retained-wal-bytes (warn).
 
 Redis (REDIS_URL, --redis-ca-file): reachable and authenticated, a master,
 maxmemory-policy (anything but noeviction under a maxmemory can evict the
@@ -62,7 +68,7 @@ Exits 1 when a check fails.`,
 			defer cancel()
 			var report doctor.Report
 			if !o.skipPostgres {
-				report = append(report, doctorPostgres(ctx, table)...)
+				report = append(report, doctorPostgres(ctx, table, &o)...)
 			}
 			if !o.skipRedis {
 				report = append(report, doctorRedis(ctx, c, &o)...)
@@ -86,10 +92,13 @@ Exits 1 when a check fails.`,
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "deadline of all checks")
 	fs.BoolVar(&o.skipPostgres, "skip-postgres", false, "check Redis only (DATABASE_URL is not needed)")
 	fs.BoolVar(&o.skipRedis, "skip-redis", false, "check PostgreSQL only (REDIS_URL is not needed)")
+	fs.StringVar(&o.slot, "slot", "", "source LogicalReplication: also check the replication settings and this slot")
+	fs.Int64Var(&o.maxRetainedWAL, "max-retained-wal-bytes", doctor.DefaultMaxRetainedWAL,
+		"with --slot: warn when the slot retains more WAL than this")
 	return cmd
 }
 
-func doctorPostgres(ctx context.Context, table *outbox.Table) doctor.Report {
+func doctorPostgres(ctx context.Context, table *outbox.Table, o *doctorOptions) doctor.Report {
 	fail := func(msg, fix string) doctor.Report {
 		return doctor.Report{{Name: "postgres.connection", Status: doctor.Fail, Message: msg, Fix: fix}}
 	}
@@ -113,6 +122,9 @@ func doctorPostgres(ctx context.Context, table *outbox.Table) doctor.Report {
 	}
 	defer db.Close()
 	r := doctor.PostgresChecks(doctor.GatherPostgres(ctx, db, table), table)
+	if o.slot != "" && !r.Failed() {
+		r = append(r, doctor.ReplicationChecks(doctor.GatherReplication(ctx, db, o.slot), o.slot, o.maxRetainedWAL)...)
+	}
 	password := cfg.ConnConfig.Password
 	for i := range r {
 		r[i].Message = redact.String(r[i].Message, dsn, password)

@@ -28,6 +28,13 @@ func TestDoctor(t *testing.T) {
 	}
 	require.Len(t, strings.Split(strings.TrimSpace(res.stdout), "\n"), 19, res.stdout)
 
+	// With --slot, the replication checks too: the test server streams
+	// (wal_level logical, a superuser) without a bound on retained WAL.
+	res = requireSuccess(t, relayEnv("DATABASE_URL="+dsn), "doctor", "--skip-redis", "--slot", "orders_relay")
+	require.Regexp(t, `ok\s+replication.wal_level`, res.stdout)
+	require.Regexp(t, `warn\s+replication.max_slot_wal_keep_size\s+max_slot_wal_keep_size is unset`, res.stdout)
+	require.Regexp(t, `info\s+replication.slot\s+slot orders_relay does not exist yet`, res.stdout)
+
 	evicting := testenv.StartRedis(t, testenv.WithRedisArgs("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"))
 	res = execRelay(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+evicting.URL()), "doctor", "--output", "json", "--skip-postgres")
 	require.Equal(t, 1, res.code, res.stderr)
