@@ -26,6 +26,7 @@ type runOptions struct {
 	ordering                 string
 	cleanupMode              string
 	source, slot             string
+	catchUpMargin            time.Duration
 	leaderTimeout            time.Duration
 	partitions               int
 	stream, deadLetterStream string
@@ -115,6 +116,9 @@ func newRunCommand(c *common) *cobra.Command {
 			"(--slot) in commit order, confirmed after Redis acknowledged them (wal_level=logical, a role with REPLICATION)")
 	fs.StringVar(&o.slot, "slot", "", "source LogicalReplication: the replication slot, one per relay deployment "+
 		"(lower-case letters, digits and _; created when missing)")
+	fs.DurationVar(&o.catchUpMargin, "catch-up-margin", relay.DefaultCatchUpMargin,
+		"source LogicalReplication: when a slot is made again, the rows created since its last published commit less this "+
+			"are republished from the table (transactions that ran longer across that commit are covered)")
 	fs.IntVar(&o.partitions, "partitions", relay.DefaultPartitions,
 		fmt.Sprintf("PerKey: key partitions, the most relays that share the work (1..%d); the same for every relay of a table",
 			relay.MaxPartitions))
@@ -143,7 +147,7 @@ func (o *runOptions) validate(c *common) error {
 		{"--poll-interval", o.pollInterval}, {"--busy-poll-interval", o.busyPollInterval},
 		{"--publish-timeout", o.publishTimeout}, {"--statement-timeout", o.statementTimeout},
 		{"--lock-timeout", o.lockTimeout}, {"--missing-table-retry-interval", o.missingTableRetry},
-		{"--idle-in-transaction-timeout", o.idleInTxTimeout},
+		{"--idle-in-transaction-timeout", o.idleInTxTimeout}, {"--catch-up-margin", o.catchUpMargin},
 	} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s %s: must be positive", d.flag, d.v))
@@ -282,6 +286,7 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		Source:              source,
 		Slot:                o.slot,
 		Replication:         replication,
+		CatchUpMargin:       o.catchUpMargin,
 		LeaderTimeout:       o.leaderTimeout,
 		Partitions:          o.partitions,
 		Table:               table,
