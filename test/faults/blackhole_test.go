@@ -33,14 +33,21 @@ const (
 // while producers write and relay B, connected directly, keeps relaying:
 // every row is delivered, relay A's row locks are released by the servers'
 // timeouts, and once the link is healed relay A relays again on its own.
+// Both links run in both cleanup modes (TestBlackhole/<mode>/<link>); the
+// CI slice runs only the Redis link's in OnDispatch, FAULTS_SCALE=full both.
 func TestBlackhole(t *testing.T) {
 	t.Parallel()
-	for _, link := range []string{"postgres", "redis"} {
-		t.Run(link, func(t *testing.T) { testBlackhole(t, link) })
-	}
+	forCleanupModes(t, func(t *testing.T, mode cleanupMode) {
+		for _, link := range []string{"postgres", "redis"} {
+			if link == "postgres" && !slices.Contains(cleanupModes(true), mode) {
+				continue // OnDispatch's PostgreSQL link runs at FAULTS_SCALE=full
+			}
+			t.Run(link, func(t *testing.T) { testBlackhole(t, link, mode) })
+		}
+	})
 }
 
-func testBlackhole(t *testing.T, link string) {
+func testBlackhole(t *testing.T, link string, mode cleanupMode) {
 	events := sized(3000, 20000)
 	rate := sized(400.0, 1000.0)
 
@@ -65,6 +72,7 @@ func testBlackhole(t *testing.T, link string) {
 		"--publish-timeout", bhPublish.String(), "--statement-timeout", bhStatement.String(),
 		"--lock-timeout", bhLockTimout.String(), "--idle-in-transaction-timeout", bhIdleInTx.String(),
 	}
+	args = append(args, mode.args(t)...)
 	a := startRelay(t, "A", viaProxy, args...)
 	b := startRelay(t, "B", direct, args...)
 	prod := startProducers(t, producerConfig{
@@ -111,6 +119,7 @@ func testBlackhole(t *testing.T, link string) {
 
 	requireNothingLocked(t, conn, "outbox_events")
 	require.Zero(t, backlog(t, direct, "outbox_events").Count, "relay backlog")
+	requireOutboxAfterDrain(t, conn, "outbox_events", mode, events+500)
 	r := checkStream(t, redisClient(t, rs.URL()), stream, append(prod.committed(), more.committed()...))
 	bound := bhBatchSize * bhInFlight
 	figures(t, r, 1, fmt.Sprintf("duplicate_bound=%d worst_lock=%s delivered_after_cut=%s recovered_drain=%s idle_in_tx=%s",

@@ -15,9 +15,14 @@ import (
 
 // TestKills SIGKILLs two relays again and again while producers write, and
 // restarts each at once: nothing is lost, each kill duplicates at most the
-// batches it had in flight, and at the end no row is pending or locked.
+// batches it had in flight, and at the end no row is pending or locked. It
+// runs in both cleanup modes, in the CI slice too.
 func TestKills(t *testing.T) {
 	t.Parallel()
+	forCleanupModes(t, testKills)
+}
+
+func testKills(t *testing.T, mode cleanupMode) {
 	events := sized(8000, 50000)
 	kills := sized(10, 20)
 	rate := sized(1000.0, 2500.0) // rows per second
@@ -29,6 +34,7 @@ func TestKills(t *testing.T) {
 	mustRelay(t, env, "schema", "--apply")
 	conn := connect(t, pg.DSN())
 	args := []string{"--stream", stream, "--batch-size", strconv.Itoa(batchSize), "--in-flight", strconv.Itoa(inFlight)}
+	args = append(args, mode.args(t)...)
 
 	relays := [2]*relayProc{startRelay(t, "A", env, args...), startRelay(t, "B", env, args...)}
 	start := time.Now()
@@ -80,6 +86,7 @@ func TestKills(t *testing.T) {
 
 	requireNothingLocked(t, conn, "outbox_events")
 	require.Zero(t, backlog(t, env, "outbox_events").Count, "relay backlog")
+	requireOutboxAfterDrain(t, conn, "outbox_events", mode, events)
 	r := checkStream(t, redisClient(t, rs.URL()), stream, prod.committed())
 	bound := kills * batchSize * inFlight
 	figures(t, r, kills, fmt.Sprintf("duplicate_bound=%d worst_lock=%s drain=%s", bound, ms(worstLock), ms(drain)))

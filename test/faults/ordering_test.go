@@ -92,10 +92,15 @@ func countLog(relays []*relayProc, s string) int {
 // SIGTERM to the leader) and the leader's Redis replies are blackholed (its
 // batches were published, but fail: they and every batch claimed after them
 // are rolled back and claimed again). The first occurrences must be in
-// order, nothing lost.
+// order, nothing lost. It runs in both cleanup modes, in the CI slice too:
+// in OnDispatch the rolled-back batches are deletes undone.
 func TestOrderingStrict(t *testing.T) {
 	t.Parallel()
 	requireOrdering(t)
+	forCleanupModes(t, testOrderingStrict)
+}
+
+func testOrderingStrict(t *testing.T, mode cleanupMode) {
 	events := sized(4000, 20000)
 	kills := sized(6, 20)
 	failures := sized(1, 3)
@@ -107,7 +112,7 @@ func TestOrderingStrict(t *testing.T) {
 	mustRelay(t, direct, "schema", "--apply")
 	conn := connect(t, pg.DSN())
 	mustExec(t, conn, `ALTER TABLE outbox_events ALTER COLUMN created_at SET DEFAULT clock_timestamp()`)
-	args := append([]string{"--stream", stream, "--ordering", "Strict"}, orderedArgs...)
+	args := append(append([]string{"--stream", stream, "--ordering", "Strict"}, orderedArgs...), mode.args(t)...)
 
 	// Each relay reaches Redis through a proxy of its own, so that the
 	// leader's link alone can fail.
@@ -251,6 +256,7 @@ func TestOrderingStrict(t *testing.T) {
 		r.stop(t, time.Minute)
 	}
 	requireNothingLocked(t, conn, "outbox_events")
+	requireOutboxAfterDrain(t, conn, "outbox_events", mode, events)
 
 	r := CheckOrder(prod.committed(), streamEntries(t, redisClient(t, rs.URL()), stream), false)
 	faults := kills + 1 + failures
@@ -296,9 +302,14 @@ RETURNING id::text, created_at, %[2]s`, pgx.Identifier{table}.Sanitize(), pgx.Id
 // they hold a claim in between (and restarted), and the step down made of a
 // SIGKILL and a SIGTERM. Per key, the first occurrences must be in
 // (created_at, id) order, nothing lost, every entry carrying its key.
+// OnDispatch runs it at FAULTS_SCALE=full.
 func TestOrderingPerKey(t *testing.T) {
 	t.Parallel()
 	requireOrdering(t)
+	forCleanupModesOnDispatchAtFull(t, testOrderingPerKey)
+}
+
+func testOrderingPerKey(t *testing.T, mode cleanupMode) {
 	events := sized(8000, 50000)
 	keyCount := sized(200, 1000)
 	killsAt4, killsAt2 := sized(2, 5), sized(1, 3)
@@ -311,7 +322,8 @@ func TestOrderingPerKey(t *testing.T) {
 	mustRelay(t, env, "schema", "--apply")
 	conn := connect(t, pg.DSN())
 	mustExec(t, conn, `ALTER TABLE outbox_events ADD COLUMN aggregate_id text`)
-	args := append([]string{"--stream", stream, "--ordering", "PerKey", "--key-column", "aggregate_id"}, orderedArgs...)
+	args := append(append([]string{"--stream", stream, "--ordering", "PerKey", "--key-column", "aggregate_id"}, orderedArgs...),
+		mode.args(t)...)
 
 	var all []*relayProc
 	n := 0
@@ -403,6 +415,7 @@ func TestOrderingPerKey(t *testing.T) {
 		r.stop(t, time.Minute)
 	}
 	requireNothingLocked(t, conn, "outbox_events")
+	requireOutboxAfterDrain(t, conn, "outbox_events", mode, events)
 
 	r := CheckOrder(prod.committed(), streamEntries(t, redisClient(t, rs.URL()), stream), true)
 	figures(t, r.Report(), sigkills+1, fmt.Sprintf(

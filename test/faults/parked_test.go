@@ -34,8 +34,14 @@ type deadLetter struct {
 // flowing; parked rows survive cleanup; once the causes are fixed
 // `relay dead-letters retry` delivers each exactly once. Other rows are
 // delivered at least once (the closed connection repeats at most one batch).
+// It runs in both cleanup modes, in the CI slice too: in OnDispatch a parked
+// row is in the dead-letter table and gone from the outbox.
 func TestParkedRows(t *testing.T) {
 	t.Parallel()
+	forCleanupModes(t, testParkedRows)
+}
+
+func testParkedRows(t *testing.T, mode cleanupMode) {
 	events := sized(2000, 10000)
 	const maxPayload = 4 << 20
 
@@ -47,7 +53,8 @@ func TestParkedRows(t *testing.T) {
 	conn := connect(t, pg.DSN())
 	mustExec(t, conn, `ALTER TABLE outbox_events ALTER COLUMN payload DROP NOT NULL`)
 
-	a := startRelay(t, "A", env, "--stream", stream, "--batch-size", "50", "--max-payload-bytes", strconv.Itoa(maxPayload))
+	a := startRelay(t, "A", env, append([]string{"--stream", stream, "--batch-size", "50",
+		"--max-payload-bytes", strconv.Itoa(maxPayload)}, mode.args(t)...)...)
 	prod := startProducers(t, producerConfig{
 		dsn: pg.DSN(), conns: 3, events: events, rate: 400, insert: insertInto("outbox_events"),
 	})
@@ -91,6 +98,15 @@ RETURNING id::text, created_at`, args...)
 	bl := backlog(t, env, "outbox_events")
 	require.NotNil(t, bl.DeadLetters, "relay backlog --output json has no deadLetters")
 	require.Equal(t, len(bad), *bl.DeadLetters)
+	// In the outbox the parked rows are dispatched (AfterRetention) or gone
+	// (OnDispatch), like every other row.
+	inOutbox := outboxRowsWithIDs(t, conn, "outbox_events", badIDs)
+	if mode == onDispatch {
+		require.Zero(t, inOutbox, "parked rows still in the outbox")
+	} else {
+		require.Equal(t, len(bad), inOutbox, "parked rows kept in the outbox, dispatched")
+	}
+	requireOutboxAfterDrain(t, conn, "outbox_events", mode, len(prod.committed())+len(bad))
 
 	// Cleanup deletes dispatched outbox rows, never parked ones.
 	mustRelay(t, env, "cleanup", "--retention", "0s")

@@ -20,9 +20,15 @@ import (
 // state that neither idle_in_transaction_session_timeout nor
 // statement_timeout ends. The rows must become claimable again while A stays
 // stopped (the relay's --tcp-user-timeout bounds it), and relay B then
-// delivers them all.
+// delivers them all. In OnDispatch (FAULTS_SCALE=full) the claim that
+// PostgreSQL writes to the stopped relay is a DELETE: its rows must come
+// back, not vanish.
 func TestSigstop(t *testing.T) {
 	t.Parallel()
+	forCleanupModesOnDispatchAtFull(t, testSigstop)
+}
+
+func testSigstop(t *testing.T, mode cleanupMode) {
 	rows := sized(100, 500)
 	const payloadMiB = 1
 	const idleInTx, publish = 20 * time.Second, 10 * time.Second
@@ -39,6 +45,7 @@ RETURNING id::text, created_at`, rows, payloadMiB)
 	args := []string{"--stream", stream, "--batch-size", strconv.Itoa(rows), "--in-flight", "1",
 		"--publish-timeout", publish.String(), "--idle-in-transaction-timeout", idleInTx.String(),
 		"--lock-timeout", "30s"}
+	args = append(args, mode.args(t)...)
 	userTimeout := "none"
 	if runHelpLists(t, "--tcp-user-timeout") {
 		userTimeout = "5s"
@@ -46,14 +53,18 @@ RETURNING id::text, created_at`, rows, payloadMiB)
 	}
 
 	// A gate holds relay A's first claim until A is stopped: a row trigger
-	// that waits for an advisory lock the test holds. Released, the claim's
-	// UPDATE completes and PostgreSQL writes its rows to a stopped process.
+	// that waits for an advisory lock the test holds, on the claim's UPDATE
+	// (AfterRetention) or DELETE (OnDispatch). Released, the claim completes
+	// and PostgreSQL writes its rows to a stopped process.
 	mustExec(t, conn, `CREATE FUNCTION fault_gate() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
 	PERFORM pg_advisory_xact_lock_shared(4242);
+	IF TG_OP = 'DELETE' THEN
+		RETURN OLD;
+	END IF;
 	RETURN NEW;
 END $$`)
-	mustExec(t, conn, `CREATE TRIGGER fault_gate BEFORE UPDATE ON outbox_events FOR EACH ROW EXECUTE FUNCTION fault_gate()`)
+	mustExec(t, conn, `CREATE TRIGGER fault_gate BEFORE UPDATE OR DELETE ON outbox_events FOR EACH ROW EXECUTE FUNCTION fault_gate()`)
 	gate := connect(t, pg.DSN())
 	mustExec(t, gate, `SELECT pg_advisory_lock(4242)`)
 	watch := connect(t, pg.DSN())
@@ -110,6 +121,7 @@ FROM pg_stat_activity WHERE pid = $1`, claimPid).Scan(&st, &waitEvent, &hasXid)
 	a.stop(t, time.Minute)
 
 	requireNothingLocked(t, watch, "outbox_events")
+	requireOutboxAfterDrain(t, watch, "outbox_events", mode, rows)
 	r := Check(committed, streamEventIDs(t, redisClient(t, rs.URL()), stream, 10))
 	figures(t, r, 1, fmt.Sprintf("payload=%dMiB batch=%d tcp_user_timeout=%s claim=%q worst_lock=%s drain=%s",
 		payloadMiB, rows, userTimeout, state, ms(lockTime), ms(drain)))
