@@ -31,6 +31,13 @@ func TestStreamIntactCondition(t *testing.T) {
 	require.Contains(t, c.message, from.UTC().Format(time.RFC3339))
 	require.Contains(t, c.message, "relay replay --stream=jobs --pending")
 
+	onDispatch := newState(withResets(&outbox.PendingResets{Count: 1, WindowStart: &from, WindowEnd: &to}))
+	onDispatch.relay.Spec.Cleanup.Mode = v1alpha1.CleanupOnDispatch
+	c = streamIntactCondition(onDispatch)
+	require.Equal(t, metav1.ConditionFalse, c.status)
+	require.Contains(t, c.message, "no replay can republish them")
+	require.NotContains(t, c.message, "relay replay")
+
 	c = streamIntactCondition(newState(failed(backlog.CauseUnreachable, "down")))
 	require.Equal(t, metav1.ConditionUnknown, c.status)
 }
