@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -99,21 +100,32 @@ func TestStreamResetDetected(t *testing.T) {
 
 // TestStreamResetRedisRestartedEmpty: a Redis without persistence that
 // restarts loses the stream; the relay notices at its first batch after.
+// In cleanup mode OnDispatch too: the relay cannot repair the loss (the
+// rows are deleted) but it still records it.
 func TestStreamResetRedisRestartedEmpty(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
-	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
-	b.insert(t, 12)
-	b.drain(t, r)
-	rs.Stop(t)
-	rs.Start(t)
-	b.insert(t, 2)
-	waitFor(t, "a batch after the restart", func() bool {
-		res, err := r.runOnce(context.Background())
-		return err == nil && res.claimed == 0
-	})
-	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+	for _, d := range []outbox.Dispatch{outbox.MarkDispatched, outbox.DeleteOnDispatch} {
+		t.Run(d.String(), func(t *testing.T) {
+			t.Parallel()
+			rs := testenv.StartRedis(t)
+			b := setup(t, bundleOpts{redisURL: rs.URL()})
+			r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, Dispatch: d})
+			b.insert(t, 12)
+			b.drain(t, r)
+			rs.Stop(t)
+			rs.Start(t)
+			b.insert(t, 2)
+			waitFor(t, "a batch after the restart", func() bool {
+				res, err := r.runOnce(context.Background())
+				return err == nil && res.claimed == 0
+			})
+			require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+			r.recordResets(context.Background()) // what the stream watch does between batches
+			p, err := b.table.PendingStreamResets(context.Background(), b.db, b.stream)
+			require.NoError(t, err)
+			require.EqualValues(t, 1, p.Count, "the reset is recorded, for the StreamIntact condition")
+		})
+	}
 }
 
 // TestStreamNoFalseReset: trimming, deleting entries, a restart with
