@@ -115,7 +115,7 @@ func (b *testBundle) insert(t *testing.T, n int) []string {
 }
 
 // insertBulk writes n events in one statement, created_at increasing.
-func (b *testBundle) insertBulk(t *testing.T, n int) {
+func (b *testBundle) insertBulk(t testing.TB, n int) {
 	t.Helper()
 	_, err := b.db.Exec(context.Background(), `INSERT INTO outbox_events (event_type, payload, created_at)
 		SELECT 'order_created', '{"n":' || g || '}', now() - interval '1 hour' + g * interval '1 microsecond'
@@ -141,7 +141,7 @@ func (b *testBundle) readStream(t *testing.T, stream string) []entry {
 	return out
 }
 
-func (b *testBundle) backlog(t *testing.T) int64 {
+func (b *testBundle) backlog(t testing.TB) int64 {
 	t.Helper()
 	bl, err := b.table.Backlog(context.Background(), b.db)
 	require.NoError(t, err)
@@ -190,7 +190,7 @@ func requireAtLeastOnce(t *testing.T, entries []entry, ids []string) int {
 }
 
 // runInBackground runs r until the test ends and reports Run's result.
-func runInBackground(t *testing.T, r *Relay) (stop func() error) {
+func runInBackground(t testing.TB, r *Relay) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

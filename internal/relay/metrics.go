@@ -18,6 +18,16 @@ const (
 	ErrorKindSlotInvalidated = "slot_invalidated"
 )
 
+// The phases of outbox_relay_batch_phase_seconds, in a batch's order.
+const (
+	PhaseClaim   = "claim"
+	PhaseQueued  = "queued"
+	PhasePublish = "publish"
+	PhaseCommit  = "commit"
+)
+
+var batchPhases = []string{PhaseClaim, PhaseQueued, PhasePublish, PhaseCommit}
+
 // Metrics are the relay's Prometheus collectors.
 type Metrics struct {
 	EventsPublished    prometheus.Counter
@@ -25,6 +35,10 @@ type Metrics struct {
 	Batches            prometheus.Counter
 	Errors             *prometheus.CounterVec
 	BatchDuration      prometheus.Histogram
+	// BatchPhase splits a batch's time (polling) into its phases: claim
+	// (the statement), queued (claimed, waiting for the publisher: the
+	// overlap of batches in flight), publish (the XADD pipeline) and commit.
+	BatchPhase *prometheus.HistogramVec
 	Lag                prometheus.Histogram
 	Ready              prometheus.Gauge
 	// stream: resets, trimming, replays (streamloss.go).
@@ -55,6 +69,11 @@ func NewMetrics() *Metrics {
 			Help:    "Time from claim to commit of a non-empty batch.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
+		BatchPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "outbox_relay_batch_phase_seconds",
+			Help:    "Time a non-empty batch spent in each phase: claim, queued (waiting for the publisher), publish, commit.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
+		}, []string{"phase"}),
 		Lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "outbox_relay_lag_seconds",
 			Help:    "Time from an event's created_at to its publication.",
@@ -64,6 +83,9 @@ func NewMetrics() *Metrics {
 			Name: "outbox_relay_ready",
 			Help: "1 when the last pass reached PostgreSQL and Redis, else 0.",
 		}),
+	}
+	for _, p := range batchPhases {
+		m.BatchPhase.WithLabelValues(p)
 	}
 	m.stream = newStreamMetrics()
 	for _, k := range []string{
@@ -77,7 +99,7 @@ func NewMetrics() *Metrics {
 // Register registers every collector with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
 	for _, c := range append([]prometheus.Collector{
-		m.EventsPublished, m.EventsDeadLettered, m.Batches, m.Errors, m.BatchDuration, m.Lag, m.Ready,
+		m.EventsPublished, m.EventsDeadLettered, m.Batches, m.Errors, m.BatchDuration, m.BatchPhase, m.Lag, m.Ready,
 	}, m.stream.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return err

@@ -134,6 +134,8 @@ type batch struct {
 	tx     pgx.Tx
 	events []outbox.Event
 	start  time.Time
+	// claimed is when the claim statement returned.
+	claimed time.Time
 	// ctx bounds the batch from its claim to its commit; it outlives the
 	// relay's context, so a SIGTERM finishes a claimed batch instead of
 	// cutting it off.
@@ -438,6 +440,7 @@ func (r *Relay) claim(ctx context.Context, o *ownership) (*batch, error) {
 		r.rollback(b)
 		return nil, fmt.Errorf("claiming batch: %w", err)
 	}
+	b.claimed = time.Now()
 	if len(b.events) == 0 {
 		r.rollback(b) // nothing to keep; ends the transaction at once
 		// Nothing to publish: still make sure Redis answers, so that
@@ -478,10 +481,12 @@ func (r *Relay) finish(b *batch, o *ownership) (*result, error) {
 		}
 		var dead []parked
 		var err error
+		publishStart := time.Now()
 		res.published, dead, err = r.publish(b.ctx, b.events, o, b.ownerEpoch)
 		if err != nil {
 			return err
 		}
+		published := time.Now()
 		for _, d := range dead {
 			if err := r.cfg.Table.Park(b.ctx, tx, r.cfg.Stream, d.event, d.reason); err != nil {
 				return err
@@ -506,6 +511,15 @@ func (r *Relay) finish(b *batch, o *ownership) (*result, error) {
 		r.cfg.Metrics.EventsPublished.Add(float64(res.published))
 		r.cfg.Metrics.EventsDeadLettered.Add(float64(res.deadLettered))
 		r.cfg.Metrics.BatchDuration.Observe(now.Sub(b.start).Seconds())
+		for _, p := range []struct {
+			phase    string
+			from, to time.Time
+		}{
+			{PhaseClaim, b.start, b.claimed}, {PhaseQueued, b.claimed, publishStart},
+			{PhasePublish, publishStart, published}, {PhaseCommit, published, now},
+		} {
+			r.cfg.Metrics.BatchPhase.WithLabelValues(p.phase).Observe(p.to.Sub(p.from).Seconds())
+		}
 		for _, e := range b.events {
 			if !e.CreatedAt.IsZero() {
 				r.cfg.Metrics.Lag.Observe(now.Sub(e.CreatedAt).Seconds())
