@@ -37,9 +37,11 @@ type commit struct {
 	at     time.Time
 }
 
-// Next returns the next batch of at most maxEvents events. It returns once
-// it has an event (or a whole transaction without one) and no more data
-// arrives within linger, or at once when maxEvents are there. While it
+// Next returns the next batch of at most maxEvents events. It returns
+// linger after the first event (or whole transaction without one) it
+// gathered, with what arrived by then, or at once when maxEvents are there:
+// so an event waits at most about linger in the reader, however steadily
+// others follow it. While it
 // waits it answers the server's keepalives and sends a standby status
 // update every StatusInterval, always with the confirmed position.
 //
@@ -87,7 +89,9 @@ func (r *Reader) Next(ctx context.Context, maxEvents int, linger time.Duration) 
 		case err != nil:
 			return Batch{}, r.fail(classify(err))
 		}
-		if data && r.gathered() {
+		if data && r.gathered() && lingerUntil.IsZero() {
+			// From the first event gathered, not the latest: a steady
+			// trickle must not hold a batch until it is full.
 			lingerUntil = time.Now().Add(linger)
 		}
 	}

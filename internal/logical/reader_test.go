@@ -269,3 +269,37 @@ func TestNextKeepsWhatItGatheredWhenItsContextEnds(t *testing.T) {
 	events, _ := read(t, r, 1, 10)
 	require.Equal(t, eventIDs(1), ids(events))
 }
+
+// TestATrickleDoesNotHoldABatchUntilFull: with events arriving steadily,
+// more often than linger, Next returns about linger after the first one,
+// not once maxEvents have gathered (which at 2,000 events/s held a batch of
+// 500 for a quarter of a second).
+func TestATrickleDoesNotHoldABatchUntilFull(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testenv.Postgres(t), "", outbox.Columns{}, "")
+	r := b.open(t)
+	const n = 200
+	// Each commit flushes its WAL, which the stream sends at once: with the
+	// test server's synchronous_commit off it would come in bursts at the
+	// WAL writer's pace instead, gaps longer than linger.
+	conn, err := b.db.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(b.ctx, `SET synchronous_commit TO on`)
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range n {
+			b.insert(t, conn, i+1)
+			time.Sleep(2 * time.Millisecond) // one every 2 ms: 400 ms in all
+		}
+	}()
+	ctx, cancel := context.WithTimeout(b.ctx, testTimeout)
+	defer cancel()
+	first, err := r.Next(ctx, n, 20*time.Millisecond)
+	require.NoError(t, err)
+	<-done
+	require.NotEmpty(t, first.Events)
+	require.Less(t, len(first.Events), n/2, "the first batch waited for the trickle instead of returning 20ms after its first event")
+}
