@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -390,6 +391,10 @@ type latencyResult struct {
 	events        int
 	p50, p99, max time.Duration
 	rssMiB        float64
+	// pgCPUPer1k is PostgreSQL's CPU ms per 1,000 events offered, from the
+	// first insert until the last event arrived: the producers' inserts and
+	// the relays' work; NaN: not measured.
+	pgCPUPer1k float64
 }
 
 // warmUp is the start of each latency run left out of the figures: the
@@ -414,12 +419,16 @@ type latencyOptions struct {
 	relays int
 	// dispatch is the relays' cleanup mode.
 	dispatch outbox.Dispatch
+	// source is where the relays read events (the zero value: polling).
+	source source
+	// producers is the pool the producers insert through (nil: e.db's).
+	producers *pgxpool.Pool
 }
 
 // latencyWith is latency with options.
-func (e *benchEnv) latencyWith(ctx context.Context, rate int, d time.Duration, opts latencyOptions) (latencyResult, error) {
+func (e *benchEnv) latencyWith(ctx context.Context, rate int, d time.Duration, opts latencyOptions) (res latencyResult, err error) {
 	notify := opts.notify
-	res := latencyResult{notify: notify, offered: rate}
+	res = latencyResult{notify: notify, offered: rate, pgCPUPer1k: math.NaN()}
 	if err := e.load(ctx, 0); err != nil {
 		return res, err
 	}
@@ -453,19 +462,23 @@ func (e *benchEnv) latencyWith(ctx context.Context, rate int, d time.Duration, o
 					SELECT 'order_created', ` + payloadSQL + `, 'agg-' || (g % ` + strconv.Itoa(keyCount) + `)
 					FROM (SELECT $1::int AS g) s RETURNING id::text`
 	}
-	relays, err := e.startRelays(procs, append(args, cleanupArgs(opts.dispatch)...)...)
+	relays, err := e.startRelays(procs, slices.Concat(args, cleanupArgs(opts.dispatch), opts.source.args())...)
 	if err != nil {
 		return res, err
 	}
-	defer stopAll(relays)
+	defer func() {
+		stopAll(relays)
+		err = errors.Join(err, e.release(ctx, opts.source))
+	}()
 	if opts.mode != nil {
 		if err := e.settle(ctx, *opts.mode); err != nil {
 			return res, err
 		}
-	} else {
-		time.Sleep(time.Second) // let the relay connect (and LISTEN)
+	} else if err := e.ready(ctx, opts.source); err != nil {
+		return res, err
 	}
 
+	producers := cmp.Or(opts.producers, e.db)
 	var mu sync.Mutex
 	committed := map[string]time.Time{}
 	received := map[string]time.Time{}
@@ -479,6 +492,7 @@ func (e *benchEnv) latencyWith(ctx context.Context, rate int, d time.Duration, o
 	interval := time.Second / time.Duration(rate)
 	total := int((d + warmUp) / interval)
 	skip := int(warmUp / interval)
+	cpuBefore, cpuOK := e.pgCPU()
 	start := time.Now().Add(100 * time.Millisecond)
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -487,7 +501,7 @@ func (e *benchEnv) latencyWith(ctx context.Context, rate int, d time.Duration, o
 			for i := w; i < total; i += workers {
 				time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
 				var id string
-				err := e.db.QueryRow(ctx, insertSQL, i).Scan(&id)
+				err := producers.QueryRow(ctx, insertSQL, i).Scan(&id)
 				if err != nil {
 					errs <- err
 					return
@@ -517,6 +531,9 @@ func (e *benchEnv) latencyWith(ctx context.Context, rate int, d time.Duration, o
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if cpuAfter, ok := e.pgCPU(); ok && cpuOK {
+		res.pgCPUPer1k = float64(cpuAfter-cpuBefore) / float64(time.Millisecond) / (float64(total) / 1000)
 	}
 	for _, r := range relays {
 		res.rssMiB = max(res.rssMiB, peakRSSMiB(r.Process.Pid))

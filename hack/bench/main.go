@@ -12,7 +12,11 @@
 //   - the ordering modes (--ordering) and the cost of --wait-replicas;
 //   - the cleanup modes: the default claim-and-mark against --cleanup-mode
 //     OnDispatch's claim-and-delete, each beside the raw claim rate of its
-//     own claim, with latency and PostgreSQL's CPU per 1,000 events.
+//     own claim, with latency and PostgreSQL's CPU per 1,000 events;
+//   - the sources: producers writing as fast as they can with one polling
+//     relay, then with one relay on a logical replication slot (--source
+//     LogicalReplication), the events/s each keeps up with, and the latency
+//     of each at the offered load.
 //
 // It starts a throwaway PostgreSQL and Redis (internal/testenv) and builds
 // the relay from this repository. Run it with `make bench`.
@@ -48,26 +52,31 @@ type options struct {
 	relayBin   string
 	sections   map[string]bool
 	modes      []modeConfig
+	producers  int
+	rowsPerTx  []int
 }
 
 // sectionNames are the parts of the benchmark, in the order they run.
-var sectionNames = []string{"raw", "throughput", "latency", "modes", "wait", "cleanup"}
+var sectionNames = []string{"raw", "throughput", "latency", "modes", "wait", "cleanup", "replication"}
 
 func main() {
 	var o options
-	var batches, procs, inFlight, sections, modes string
+	var batches, procs, inFlight, sections, modes, rowsPerTx string
 	flag.IntVar(&o.rows, "rows", 100_000, "rows drained per throughput run")
 	flag.StringVar(&batches, "batch-sizes", "100,500,1000", "batch sizes to measure")
 	flag.StringVar(&procs, "procs", "1,2", "relay process counts to measure")
 	flag.StringVar(&inFlight, "in-flight", "1,2", "values of relay --in-flight to measure")
 	flag.IntVar(&o.rate, "rate", 2000, "offered load of the latency runs, events/s")
-	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each latency run")
+	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each latency run, and of the replication section's sustained window")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs per configuration; the median is reported")
 	flag.StringVar(&o.chart, "chart", "docs/benchmarks-relay.png", "PNG chart to write; empty: none")
 	flag.StringVar(&o.relayBin, "relay", "", "relay binary (default: built from ./cmd/relay)")
 	flag.StringVar(&sections, "sections", strings.Join(sectionNames, ","),
 		"parts to run: raw (claim rate), throughput (the batch/process matrix), latency, modes (the ordering modes), "+
-			"wait (--wait-replicas 0 and 1 against a replica), cleanup (--cleanup-mode AfterRetention and OnDispatch)")
+			"wait (--wait-replicas 0 and 1 against a replica), cleanup (--cleanup-mode AfterRetention and OnDispatch), "+
+			"replication (--source LogicalReplication against polling, with producers writing as fast as they can)")
+	flag.IntVar(&o.producers, "producers", 8, "replication section: producers writing as fast as they can")
+	flag.StringVar(&rowsPerTx, "rows-per-tx", "100,1", "replication section: rows per producer transaction, each measured")
 	flag.StringVar(&modes, "modes", "None:1,Strict:2,PerKey:1,PerKey:4",
 		"ordering modes to measure, each ordering:relays (Strict:2 is one active relay and one standby)")
 	flag.Parse()
@@ -90,6 +99,12 @@ func main() {
 	}
 	if err == nil {
 		o.inFlight, err = ints(inFlight)
+	}
+	if err == nil {
+		o.rowsPerTx, err = ints(rowsPerTx)
+	}
+	if err == nil && o.producers < 1 {
+		err = fmt.Errorf("-producers: %d is not a positive integer", o.producers)
 	}
 	if err == nil {
 		err = run(context.Background(), o)
@@ -203,6 +218,12 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	if o.sections["cleanup"] {
 		if report.cleanup, err = env.runCleanup(ctx, o); err != nil {
+			return err
+		}
+		report.rate = o.rate
+	}
+	if o.sections["replication"] {
+		if report.replication, err = env.runReplication(ctx, o); err != nil {
 			return err
 		}
 		report.rate = o.rate

@@ -25,7 +25,9 @@ type report struct {
 	modes      []modeResult
 	wait       []waitResult
 	cleanup    []cleanupResult
-	rate       int // offered load of the mode, wait and cleanup latency runs
+	// replication is the sources' section; nil when not run.
+	replication *replicationResult
+	rate        int // offered load of the mode, wait, cleanup and replication latency runs
 }
 
 // print writes the report to w in one write: the tables are built in memory.
@@ -49,6 +51,9 @@ func (r *report) print(w io.Writer) error {
 	}
 	if len(r.cleanup) > 0 {
 		r.printCleanup(&b)
+	}
+	if r.replication != nil {
+		r.printReplication(&b)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
