@@ -70,6 +70,17 @@ const (
 	// the backlog check from <table>_stream_resets. Not part of Ready: the
 	// relays keep publishing.
 	ConditionStreamIntact ConditionType = "StreamIntact"
+
+	// ConditionReplicationSlotHealthy, only with source LogicalReplication,
+	// is True when the relays' replication slot exists, keeps less WAL than
+	// logicalReplication.maxRetainedWAL and the server bounds what a slot
+	// may keep (max_slot_wal_keep_size); False with a reason per risk;
+	// Unknown before the relays created the slot, or when the backlog check
+	// failed. Read by the backlog check from pg_replication_slots. Only
+	// SlotRetainingWAL (and a slot that cannot be dropped on deletion) make
+	// Ready False: the others are warnings, and the relays recover from an
+	// invalidated slot by themselves.
+	ConditionReplicationSlotHealthy ConditionType = "ReplicationSlotHealthy"
 )
 
 // Reason is the machine-readable reason of a condition: UpperCamelCase, and
@@ -198,6 +209,42 @@ const (
 	ReasonRedisAuthFailed Reason = "RedisAuthFailed"
 )
 
+// Reasons of the ReplicationSlotHealthy condition (source
+// LogicalReplication).
+const (
+	// ReasonSlotHealthy: the slot exists, keeps less WAL than
+	// logicalReplication.maxRetainedWAL, and max_slot_wal_keep_size bounds
+	// it.
+	ReasonSlotHealthy Reason = "SlotHealthy"
+	// ReasonSlotMissing: the slot does not exist yet; the relays create it
+	// when they start (Unknown).
+	ReasonSlotMissing Reason = "SlotMissing"
+	// ReasonSlotInvalidated: the server removed WAL the slot still needed
+	// (wal_status lost: it kept more than max_slot_wal_keep_size). The
+	// relays drop and recreate it and catch up from the table: events are
+	// not lost, but duplicates are likely. The message says so.
+	ReasonSlotInvalidated Reason = "SlotInvalidated"
+	// ReasonSlotRetainingWAL: the slot keeps more WAL than
+	// logicalReplication.maxRetainedWAL (a relay stopped, slow, or unable
+	// to confirm); the message has both sizes. Ready is False.
+	ReasonSlotRetainingWAL Reason = "SlotRetainingWAL"
+	// ReasonSlotWALUnbounded: the server's max_slot_wal_keep_size is unset
+	// (-1, the default), so a slot whose relay stopped keeps WAL until the
+	// server's disk is full; the message says what to set. A warning: Ready
+	// stays as it is.
+	ReasonSlotWALUnbounded Reason = "SlotWALUnbounded"
+	// ReasonSlotDropPending: the OutboxRelay is being deleted; the relays
+	// are being stopped before the slot is dropped.
+	ReasonSlotDropPending Reason = "SlotDropPending"
+	// ReasonSlotDropFailed: the OutboxRelay is being deleted and its slot
+	// could not be dropped (the database unreachable, the Secret gone); the
+	// finalizer stays and the drop is retried with backoff. The message
+	// says how to drop the slot and remove the finalizer by hand.
+	ReasonSlotDropFailed Reason = "SlotDropFailed"
+	// ReasonSlotDropped: the slot was dropped on deletion (an Event).
+	ReasonSlotDropped Reason = "SlotDropped"
+)
+
 // Reasons of Events that are no condition's reason.
 const (
 	// ReasonScaled: the desired number of relays changed.
@@ -210,7 +257,8 @@ func (r Reason) IsFailure() bool {
 	switch r {
 	case ReasonRelaysReady, ReasonSecretsResolved, ReasonBacklogMeasured, ReasonBacklogWithinLimit,
 		ReasonRelaysAvailable, ReasonBacklogCheckPending, ReasonBacklogUnknown, ReasonSuspended,
-		ReasonRelaysProgressing, ReasonScaled, ReasonNoDeadLetters, ReasonRedisDurable, ReasonRedisCheckPending, ReasonNoStreamReset:
+		ReasonRelaysProgressing, ReasonScaled, ReasonNoDeadLetters, ReasonRedisDurable, ReasonRedisCheckPending, ReasonNoStreamReset,
+		ReasonSlotHealthy, ReasonSlotMissing, ReasonSlotDropPending, ReasonSlotDropped:
 		return false
 	}
 	return true
@@ -223,3 +271,9 @@ const (
 	AnnotationReconcile = "relay.outbox.dev/reconcile"
 	ReconcileDisabled   = "disabled"
 )
+
+// FinalizerReplicationSlot is on every OutboxRelay of source
+// LogicalReplication: on deletion the operator stops the relays, drops the
+// replication slot (which would otherwise keep WAL on the server for good),
+// then removes the finalizer.
+const FinalizerReplicationSlot = "relay.outbox.dev/replication-slot"

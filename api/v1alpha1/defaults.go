@@ -50,6 +50,9 @@ const (
 	DefaultCleanupBatchSize      int32 = 1000
 	DefaultBacklogCheckInterval        = 30 * time.Second
 	DefaultBacklogStalledAfter         = 5 * time.Minute
+	// DefaultMaxRetainedWAL is logicalReplication.maxRetainedWAL's default,
+	// "1Gi", in bytes.
+	DefaultMaxRetainedWAL int64 = 1 << 30
 )
 
 // durationOr returns d, or def when d is nil or zero.
@@ -142,4 +145,23 @@ func (c *OutboxColumns) GetColumns() OutboxColumns {
 		DispatchedAt: cmp.Or(c.DispatchedAt, DefaultDispatchedAtColumn),
 		Key:          c.Key,
 	}
+}
+
+// GetSource is spec.source, defaulted.
+func (s *OutboxRelaySpec) GetSource() Source { return cmp.Or(s.Source, SourcePolling) }
+
+// ReadsLogicalReplication reports whether the relays stream from a
+// replication slot (source LogicalReplication): one reader at a time, no
+// rows marked dispatched, no cleanup CronJob, a slot to drop on deletion.
+func (s *OutboxRelaySpec) ReadsLogicalReplication() bool {
+	return s.GetSource() == SourceLogicalReplication
+}
+
+// GetMaxRetainedWAL is logicalReplication.maxRetainedWAL in bytes,
+// defaulted.
+func (s *LogicalReplicationSpec) GetMaxRetainedWAL() int64 {
+	if s.MaxRetainedWAL == nil || s.MaxRetainedWAL.Sign() <= 0 {
+		return DefaultMaxRetainedWAL
+	}
+	return s.MaxRetainedWAL.Value()
 }

@@ -18,6 +18,7 @@ package v1alpha1
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -499,9 +500,41 @@ type BacklogSpec struct {
 	StalledAfter *metav1.Duration `json:"stalledAfter,omitempty"`
 }
 
+// Source says where the relays read the outbox from.
+// +kubebuilder:validation:Enum=Polling;LogicalReplication
+type Source string
+
+// The sources.
+const (
+	// SourcePolling claims batches of rows from the table and marks them
+	// dispatched (or deletes them, cleanup.mode OnDispatch).
+	SourcePolling Source = "Polling"
+	// SourceLogicalReplication streams the table's inserts from a
+	// PostgreSQL logical replication slot, in commit order.
+	SourceLogicalReplication Source = "LogicalReplication"
+)
+
+// LogicalReplicationSpec shapes a relay whose source is LogicalReplication.
+type LogicalReplicationSpec struct {
+	// maxRetainedWAL is how much WAL the replication slot may make the
+	// server keep before the condition ReplicationSlotHealthy turns False
+	// (reason SlotRetainingWAL): a slot keeps every WAL segment from the
+	// oldest position its relay has not confirmed, so a stopped or slow
+	// relay grows the server's pg_wal directory. A quantity of bytes
+	// (512Mi, 1Gi, 20Gi). It only warns; bound the WAL itself with the
+	// server's max_slot_wal_keep_size (docs/operations.md).
+	// +optional
+	// +kubebuilder:default="1Gi"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="logicalReplication.maxRetainedWAL must be a positive quantity of bytes, e.g. 1Gi"
+	MaxRetainedWAL *resource.Quantity `json:"maxRetainedWAL,omitempty"`
+}
+
 // OutboxRelaySpec is the desired state of an OutboxRelay.
 // +kubebuilder:validation:XValidation:rule="!has(self.cleanup.mode) || self.cleanup.mode != 'OnDispatch' || !has(self.redis.autoReplay) || !self.redis.autoReplay",message="cleanup.mode OnDispatch deletes the rows that redis.autoReplay would republish: use one or the other"
 // +kubebuilder:validation:XValidation:rule="!has(self.ordering) || self.ordering != 'PerKey' || has(self.postgres.columns.key)",message="ordering PerKey needs postgres.columns.key: the column whose events are ordered per value"
+// +kubebuilder:validation:XValidation:rule="!has(self.source) || self.source != 'LogicalReplication' || !has(self.cleanup.mode) || self.cleanup.mode != 'OnDispatch'",message="source LogicalReplication reads the rows from the WAL and never claims them, so there is nothing for cleanup.mode OnDispatch to delete: leave cleanup.mode at AfterRetention"
+// +kubebuilder:validation:XValidation:rule="!has(self.source) || self.source != 'LogicalReplication' || !has(self.redis.autoReplay) || !self.redis.autoReplay",message="source LogicalReplication marks no row dispatched, so redis.autoReplay has no dispatch times to replay from: turn redis.autoReplay off"
+// +kubebuilder:validation:XValidation:rule="!has(self.source) || self.source != 'LogicalReplication' || !has(self.ordering) || self.ordering != 'PerKey'",message="source LogicalReplication has one reader per slot, in commit order: ordering PerKey (key partitions over many relays) does not apply; use None or Strict"
 type OutboxRelaySpec struct {
 	// postgres says where the outbox table is.
 	// +required
@@ -553,6 +586,32 @@ type OutboxRelaySpec struct {
 	// +optional
 	// +kubebuilder:default=None
 	Ordering Ordering `json:"ordering,omitempty"`
+
+	// source is where the relays read the outbox from. Polling (the
+	// default): they claim batches of pending rows (FOR UPDATE SKIP LOCKED)
+	// and mark them dispatched. LogicalReplication: they stream the table's
+	// inserts from a PostgreSQL logical replication slot (pgoutput; the
+	// server needs wal_level=logical and the DSN's role REPLICATION), in
+	// commit order, and confirm the slot's position once Redis acknowledged
+	// them; rows are never marked dispatched, no cleanup CronJob runs (the
+	// application deletes the rows it no longer needs), and one relay reads
+	// at a time (more replicas are warm standbys). The operator names the
+	// slot (status.replication.slotName), reports its WAL (condition
+	// ReplicationSlotHealthy) and drops it when the OutboxRelay is deleted
+	// (finalizer relay.outbox.dev/replication-slot). It excludes
+	// cleanup.mode OnDispatch, redis.autoReplay and ordering PerKey. It
+	// cannot change on a live relay: create a new OutboxRelay instead.
+	// docs/relay.md, "Sources".
+	// +optional
+	// +kubebuilder:default=Polling
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="source cannot change on a live relay (switching away from LogicalReplication would leave its slot retaining WAL and its rows never marked dispatched; switching to it would stream only new rows): create a new OutboxRelay"
+	Source Source `json:"source,omitempty"`
+
+	// logicalReplication shapes the relays of source LogicalReplication;
+	// ignored with source Polling.
+	// +optional
+	// +kubebuilder:default={}
+	LogicalReplication LogicalReplicationSpec `json:"logicalReplication,omitempty"`
 }
 
 // Ordering is what the relays of an OutboxRelay promise about the order of
@@ -640,6 +699,12 @@ type OutboxRelayStatus struct {
 	// +optional
 	LastCleanupTime *metav1.Time `json:"lastCleanupTime,omitempty"`
 
+	// replication is the replication slot of a relay with source
+	// LogicalReplication, as the last backlog check read it from
+	// pg_replication_slots; absent with source Polling.
+	// +optional
+	Replication *ReplicationStatus `json:"replication,omitempty"`
+
 	// conditions: Ready sums up SecretsResolved, DatabaseReachable,
 	// BacklogHealthy and RelaysAvailable; its reason is the first thing that
 	// is wrong. DeadLettersClear reports parked rows and leaves Ready alone:
@@ -650,6 +715,56 @@ type OutboxRelayStatus struct {
 	// +patchStrategy=merge
 	// +patchMergeKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// ReplicationStatus is the replication slot of a relay with source
+// LogicalReplication. The sizes are bytes of WAL, measured against the
+// server's current WAL position at lastBacklogCheckTime.
+type ReplicationStatus struct {
+	// slotName is the logical replication slot the relays stream from:
+	// outbox_<namespace>_<name>, lower-cased, every character other than
+	// a-z, 0-9 and _ turned into _, cut to fit PostgreSQL's 63 bytes, and a
+	// hash of the namespace and name appended (slot names are per server:
+	// two OutboxRelays never share one). The relays create it.
+	SlotName string `json:"slotName"`
+
+	// slotExists is false while the slot does not exist (the relays create
+	// it when they start, and again after it was dropped by hand).
+	// +optional
+	SlotExists bool `json:"slotExists,omitempty"`
+
+	// active reports that a relay streams from the slot now.
+	// +optional
+	Active bool `json:"active,omitempty"`
+
+	// walStatus is PostgreSQL's pg_replication_slots.wal_status: reserved
+	// (within max_wal_size), extended (past it, still kept), unreserved (to
+	// be removed at the next checkpoint) or lost (removed: the slot is
+	// invalidated, and the relays recreate it and catch up from the table).
+	// +optional
+	WALStatus string `json:"walStatus,omitempty"`
+
+	// retainedBytes is the WAL the slot makes the server keep: from its
+	// restart_lsn to the current position.
+	// +optional
+	RetainedBytes *int64 `json:"retainedBytes,omitempty"`
+
+	// lagBytes is the WAL written since the position the relays last
+	// confirmed (confirmed_flush_lsn).
+	// +optional
+	LagBytes *int64 `json:"lagBytes,omitempty"`
+
+	// safeWALSizeBytes is how much more WAL the server can write before
+	// the slot is invalidated (pg_replication_slots.safe_wal_size); absent
+	// when max_slot_wal_keep_size is unset.
+	// +optional
+	SafeWALSizeBytes *int64 `json:"safeWALSizeBytes,omitempty"`
+
+	// maxSlotWALKeepSizeBytes is the server's max_slot_wal_keep_size in
+	// bytes, -1 when it is unset (the default): then nothing bounds the
+	// WAL a slot keeps, and a stopped relay can fill the server's disk.
+	// +optional
+	MaxSlotWALKeepSizeBytes *int64 `json:"maxSlotWALKeepSizeBytes,omitempty"`
 }
 
 // OutboxRelay runs transactional-outbox relays that move the rows of a
@@ -669,6 +784,7 @@ type OutboxRelayStatus struct {
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Ordering",type=string,JSONPath=`.spec.ordering`,priority=1
 // +kubebuilder:printcolumn:name="Scaling",type=string,JSONPath=`.spec.replicas.mode`,priority=1
+// +kubebuilder:printcolumn:name="Slot",type=string,JSONPath=`.status.replication.slotName`,description="Replication slot (source LogicalReplication)",priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 44",message="metadata.name must be at most 44 characters, so that the CronJob <name>-cleanup fits the 52 characters Kubernetes allows"
 type OutboxRelay struct {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/outbox-dev/outbox-operator/internal/logical"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
@@ -30,14 +31,19 @@ type Target struct {
 	// Stream, when set, is the relay's stream: the check also reads its
 	// recorded resets not yet replayed (outbox.Backlog.StreamResets).
 	Stream string
+	// Slot, when set, is the replication slot of a relay of source
+	// LogicalReplication: the backlog is then the rows created after the
+	// slot's last published commit (outbox.Table.BacklogSince), and the
+	// check reads the slot's state too (Result.Slot).
+	Slot string
 }
 
 // fingerprint identifies a target: a result belongs to the target it was
 // measured for, and a new DSN or layout needs a new check.
 func (t Target) fingerprint() string {
 	c := t.Table.Columns()
-	sum := sha256.Sum256(fmt.Appendf(nil, "%q %q %q %q %q %q %q %q",
-		t.DSN, t.Table.String(), c.ID, c.EventType, c.Payload, c.CreatedAt, c.DispatchedAt, t.Stream))
+	sum := sha256.Sum256(fmt.Appendf(nil, "%q %q %q %q %q %q %q %q %q",
+		t.DSN, t.Table.String(), c.ID, c.EventType, c.Payload, c.CreatedAt, c.DispatchedAt, t.Stream, t.Slot))
 	return hex.EncodeToString(sum[:]) + t.Redis.fingerprint()
 }
 
@@ -62,6 +68,31 @@ type Conn interface {
 	// Release ends the check's use of the connection, once Measure has
 	// returned: the measurer keeps it for a later check, or closes it.
 	Release()
+}
+
+// SlotConn is a Conn that also reads the state of a target's replication
+// slot (Target.Slot); the Prober calls MeasureSlot after Measure, before
+// Release.
+type SlotConn interface {
+	Conn
+	MeasureSlot(ctx context.Context) (SlotResult, error)
+}
+
+// SlotResult is the state of a replication slot and what bounds it.
+type SlotResult struct {
+	// Status is the slot's row of pg_replication_slots.
+	Status logical.SlotStatus
+	// MaxWALKeepSize is the server's max_slot_wal_keep_size in bytes, -1
+	// when unset (nothing bounds the WAL a slot keeps).
+	MaxWALKeepSize int64
+}
+
+// SlotDropper drops the replication slot of a target (Target.Slot) over a
+// connection made like a check's; an OutboxRelay of source
+// LogicalReplication that is deleted needs it. The error is a *Failure:
+// safe to show, no password and no connection string in it.
+type SlotDropper interface {
+	DropSlot(ctx context.Context, key types.NamespacedName, target Target, timeout time.Duration) error
 }
 
 // PoolMeasurerConfig configures a PoolMeasurer. Zero fields take the
@@ -143,7 +174,11 @@ type PoolMeasurer struct {
 	conns connSet
 }
 
-var _ Measurer = (*PoolMeasurer)(nil)
+var (
+	_ Measurer    = (*PoolMeasurer)(nil)
+	_ SlotDropper = (*PoolMeasurer)(nil)
+	_ SlotConn    = (*poolConn)(nil)
+)
 
 // NewPoolMeasurer returns a PoolMeasurer; it connects lazily.
 func NewPoolMeasurer(cfg PoolMeasurerConfig) *PoolMeasurer {
@@ -210,7 +245,7 @@ func (m *PoolMeasurer) Connect(ctx context.Context, key types.NamespacedName, ta
 					continue
 				}
 			}
-			return &poolConn{m: m, pool: pk, conn: pg.conn, table: target.Table, stream: target.Stream}, nil
+			return &poolConn{m: m, pool: pk, conn: pg.conn, table: target.Table, stream: target.Stream, slot: target.Slot}, nil
 		case dial:
 			d := &connDialer{m: m, next: cfg.DialFunc}
 			cfg.DialFunc = d.dial
@@ -222,7 +257,7 @@ func (m *PoolMeasurer) Connect(ctx context.Context, key types.NamespacedName, ta
 				// the tenant: errConnect (failure.go).
 				return nil, fmt.Errorf("%w: %w", errConnect, err)
 			}
-			return &poolConn{m: m, pool: pk, conn: conn, table: target.Table, stream: target.Stream}, nil
+			return &poolConn{m: m, pool: pk, conn: conn, table: target.Table, stream: target.Stream, slot: target.Slot}, nil
 		}
 		select {
 		case <-wait:
@@ -536,6 +571,7 @@ type poolConn struct {
 	conn   *pgx.Conn
 	table  *outbox.Table
 	stream string
+	slot   string
 
 	ok   bool
 	once sync.Once
@@ -543,7 +579,13 @@ type poolConn struct {
 
 // Measure implements Conn.
 func (c *poolConn) Measure(ctx context.Context) (outbox.Backlog, error) {
-	b, err := c.table.BacklogUpTo(ctx, c.conn, c.m.cfg.CountLimit)
+	var b outbox.Backlog
+	var err error
+	if c.slot != "" {
+		b, err = c.backlogSince(ctx)
+	} else {
+		b, err = c.table.BacklogUpTo(ctx, c.conn, c.m.cfg.CountLimit)
+	}
 	if err != nil {
 		return outbox.Backlog{}, fmt.Errorf("measuring backlog of %s: %w", c.table, err)
 	}
@@ -558,6 +600,57 @@ func (c *poolConn) Measure(ctx context.Context) (outbox.Backlog, error) {
 	return b, nil
 }
 
+// backlogSince is the backlog of a logical replication relay: the rows
+// created after its slot's last published commit. Until a relay of that
+// source has run, there is no progress table: then nothing has been
+// streamed, and the backlog is every row not marked dispatched (what the
+// relay's first catch-up publishes).
+func (c *poolConn) backlogSince(ctx context.Context) (outbox.Backlog, error) {
+	b, err := c.table.BacklogSince(ctx, c.conn, c.slot, c.m.cfg.CountLimit)
+	if errors.Is(err, outbox.ErrTableNotFound) {
+		if exists, existsErr := c.table.Exists(ctx, c.conn); existsErr == nil && exists {
+			return c.table.BacklogUpTo(ctx, c.conn, c.m.cfg.CountLimit)
+		}
+	}
+	return b, err
+}
+
+// MeasureSlot implements SlotConn.
+func (c *poolConn) MeasureSlot(ctx context.Context) (SlotResult, error) {
+	status, err := logical.Status(ctx, c.conn, c.slot)
+	if err != nil {
+		c.ok = false
+		return SlotResult{}, err
+	}
+	keep, err := logical.MaxSlotWALKeepSize(ctx, c.conn)
+	if err != nil {
+		c.ok = false
+		return SlotResult{}, err
+	}
+	return SlotResult{Status: status, MaxWALKeepSize: keep}, nil
+}
+
+// DropSlot implements SlotDropper: it drops target.Slot over a connection
+// of the relay's pool, within timeout for the connection and again for the
+// drop (which terminates a walsender still holding the slot first).
+func (m *PoolMeasurer) DropSlot(ctx context.Context, key types.NamespacedName, target Target, timeout time.Duration) error {
+	secret := passwordOf(target.DSN, m.cfg.AllowFileKeys)
+	conn, err := m.Connect(ctx, key, target, timeout)
+	if err != nil {
+		return classify(err, timeout.String(), target.DSN, secret)
+	}
+	pc := conn.(*poolConn)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err = logical.DropSlot(ctx, pc.conn, target.Slot)
+	pc.ok = err == nil
+	pc.Release()
+	if err != nil {
+		return classify(err, timeout.String(), target.DSN, secret)
+	}
+	return nil
+}
+
 // Release implements Conn.
 func (c *poolConn) Release() {
 	c.once.Do(func() { c.m.giveBack(c.pool, c.conn, c.ok) })
@@ -565,8 +658,8 @@ func (c *poolConn) Release() {
 
 // checkStatements is the size of a connection's statement cache: more than
 // the statements of a check (the backlog, the dead letters, the stream
-// resets).
-const checkStatements = 8
+// resets; with a replication slot, its status and max_slot_wal_keep_size).
+const checkStatements = 10
 
 // errConnect: no connection could be made (refused, silent, a name not
 // resolved, TLS failed, or the server refused the login).

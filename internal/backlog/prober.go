@@ -27,6 +27,9 @@ type Result struct {
 	// across the checks that do not run them); nil before the first, or
 	// when the target has no Redis.
 	Redis *RedisResult
+	// Slot is the state of the target's replication slot (Target.Slot);
+	// nil without one, or when Failure is set.
+	Slot *SlotResult
 }
 
 // Observation is what a Prober knows about one relay's backlog.
@@ -433,12 +436,23 @@ func (p *Prober) measure(c check, conn Conn, connErr error, start time.Time) *Re
 		})
 	}
 	b, err := outbox.Backlog{}, connErr
+	var slot *SlotResult
 	if conn != nil {
 		b, err = conn.Measure(ctx)
+		if sc, ok := conn.(SlotConn); ok && err == nil && c.target.Slot != "" {
+			var s SlotResult
+			if s, err = sc.MeasureSlot(ctx); err == nil {
+				slot = &s
+			}
+		}
 		conn.Release()
 	}
 	redis.Wait()
-	return p.result(c.target, start, b, err, redisRes)
+	res := p.result(c.target, start, b, err, redisRes)
+	if res.Failure == nil {
+		res.Slot = slot
+	}
+	return res
 }
 
 // result makes the Result of a check that started at start.

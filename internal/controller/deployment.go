@@ -95,6 +95,7 @@ func relayArgs(relay *v1alpha1.OutboxRelay) []string {
 		args = append(args, "--cleanup-mode="+string(v1alpha1.CleanupOnDispatch))
 	}
 	args = append(args, streamArgs(relay)...) // outboxrelay_stream.go
+	args = append(args, sourceArgs(relay)...) // outboxrelay_replication.go
 	return append(args,
 		"--batch-size="+strconv.Itoa(int(spec.Relay.GetBatchSize())),
 		durationFlag("poll-interval", spec.Relay.GetPollInterval()),

@@ -1,6 +1,10 @@
 package controller
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
 )
 
@@ -67,4 +71,42 @@ func objectLabels(relay *v1alpha1.OutboxRelay, component string) map[string]stri
 	l := selectorLabels(relay, component)
 	l[LabelManagedBy] = ManagedByOperator
 	return l
+}
+
+// slotPrefix starts the name of every replication slot the operator names.
+const slotPrefix = "outbox_"
+
+// maxSlotName is PostgreSQL's limit on a slot's name (NAMEDATALEN-1 bytes).
+const maxSlotName = 63
+
+// slotHashLength is the number of hex digits of the hash ending a slot name
+// (40 bits).
+const slotHashLength = 10
+
+// ReplicationSlotName is the logical replication slot of an OutboxRelay of
+// source LogicalReplication: outbox_<namespace>_<name>, lower-cased, every
+// character other than a-z, 0-9 and _ turned into _, cut to fit 63 bytes,
+// then _ and a hash of the namespace and name. Slot names are per
+// PostgreSQL server, so the namespace is part of it; the readable part alone
+// could be shared ("a-b"/"c" and "a"/"b-c" both read outbox_a_b_c, and a cut
+// drops the end), so the hash always follows and tells every pair of
+// namespace and name apart. It is deterministic: the same OutboxRelay
+// created again finds its slot.
+func ReplicationSlotName(relay *v1alpha1.OutboxRelay) string {
+	return replicationSlotName(relay.Namespace, relay.Name)
+}
+
+func replicationSlotName(namespace, name string) string {
+	sum := sha256.Sum256([]byte(namespace + "/" + name)) // "/" is in neither
+	suffix := "_" + hex.EncodeToString(sum[:])[:slotHashLength]
+	readable := []byte(strings.ToLower(slotPrefix + namespace + "_" + name))
+	for i, c := range readable {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			readable[i] = '_'
+		}
+	}
+	if n := maxSlotName - len(suffix); len(readable) > n {
+		readable = readable[:n]
+	}
+	return string(readable) + suffix
 }

@@ -24,6 +24,7 @@ import (
 //	outbox_operator_relay_ready                            1 when the Ready condition is True
 //	outbox_operator_relay_stalled_after_seconds            spec.backlog.stalledAfter
 //	outbox_operator_relay_condition{type,status,reason}    1 per condition, with its status and reason
+//	outbox_operator_relay_replication_slot_retained_bytes  WAL the replication slot keeps (source LogicalReplication)
 //
 // A relay's series disappear when it is deleted. The age is computed when
 // Prometheus scrapes, so it grows between checks as the row waits.
@@ -38,6 +39,7 @@ type RelayMetrics struct {
 	pairs map[[2]string]*dto.LabelPair
 
 	backlog, age, deadLetters, desired, ready, lastCheck, isReady, stalledAfter, condition *prometheus.Desc
+	slotRetained                                                                           *prometheus.Desc
 }
 
 // relaySample is what the gauges of one relay report.
@@ -49,6 +51,9 @@ type relaySample struct {
 	desired     int32
 	ready       int32
 	isReady     bool
+	// slotRetained is the WAL the relay's replication slot keeps; nil
+	// without a slot, or before it exists.
+	slotRetained *int64
 	// stalledAfter is kept across Set (SetStalledAfter); 0: not known.
 	stalledAfter time.Duration
 	// labels are the relay's label pairs (name, namespace); conditions
@@ -118,6 +123,8 @@ func NewRelayMetrics() *RelayMetrics {
 		isReady:     desc("ready", "1 when the OutboxRelay's Ready condition is True, else 0."),
 		stalledAfter: desc("stalled_after_seconds",
 			"spec.backlog.stalledAfter: the age of the oldest pending row past which the backlog counts as stalled."),
+		slotRetained: desc("replication_slot_retained_bytes",
+			"WAL bytes the replication slot of a relay of source LogicalReplication makes the server keep, at the last backlog check."),
 		condition: prometheus.NewDesc("outbox_operator_relay_condition",
 			"1 for each condition of the OutboxRelay's status, labelled with its type, status (True, False, Unknown) and reason.",
 			slices.Concat(labels, []string{"type", "status", "reason"}), nil),
@@ -137,6 +144,9 @@ func (m *RelayMetrics) Set(key types.NamespacedName, s v1alpha1.OutboxRelayStatu
 	}
 	if s.LastBacklogCheckTime != nil {
 		sample.lastCheck = ptr.To(s.LastBacklogCheckTime.Time)
+	}
+	if rs := s.Replication; rs != nil && rs.RetainedBytes != nil {
+		sample.slotRetained = ptr.To(*rs.RetainedBytes)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -185,6 +195,7 @@ func (m *RelayMetrics) Delete(key types.NamespacedName) {
 func (m *RelayMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		m.backlog, m.age, m.deadLetters, m.desired, m.ready, m.lastCheck, m.isReady, m.stalledAfter, m.condition,
+		m.slotRetained,
 	} {
 		ch <- d
 	}
@@ -222,6 +233,9 @@ func (m *RelayMetrics) Collect(ch chan<- prometheus.Metric) {
 		gauge(m.isReady, ready)
 		if s.stalledAfter > 0 {
 			gauge(m.stalledAfter, s.stalledAfter.Seconds())
+		}
+		if s.slotRetained != nil {
+			gauge(m.slotRetained, float64(*s.slotRetained))
 		}
 		for _, labels := range s.conditions {
 			ch <- relayGauge{desc: m.condition, labels: labels, value: 1}

@@ -129,6 +129,20 @@ func testAdmissionRejectsInvalidRelays(t *testing.T, s *suite) {
 			[]string{"spec.replicas.count", "replicas.count is only used when replicas.mode is External"}},
 		{"ModeUnknown", map[string]any{"spec.replicas.mode": "KEDA"},
 			[]string{"spec.replicas.mode", "Unsupported value"}},
+		{"SourceUnknown", map[string]any{"spec.source": "Trigger"},
+			[]string{"spec.source", "Unsupported value"}},
+		{"LogicalReplicationWithOnDispatch", map[string]any{"spec.source": "LogicalReplication", "spec.cleanup.mode": "OnDispatch"},
+			[]string{"source LogicalReplication reads the rows from the WAL", "cleanup.mode OnDispatch"}},
+		{"LogicalReplicationWithAutoReplay", map[string]any{"spec.source": "LogicalReplication", "spec.redis.autoReplay": true},
+			[]string{"source LogicalReplication marks no row dispatched", "turn redis.autoReplay off"}},
+		{"LogicalReplicationWithPerKey", map[string]any{"spec.source": "LogicalReplication", "spec.ordering": "PerKey", "spec.postgres.columns.key": "aggregate_id"},
+			[]string{"source LogicalReplication has one reader per slot", "ordering PerKey"}},
+		{"MaxRetainedWALZero", map[string]any{"spec.logicalReplication.maxRetainedWAL": "0"},
+			[]string{"spec.logicalReplication.maxRetainedWAL", "must be a positive quantity of bytes"}},
+		{"MaxRetainedWALNegative", map[string]any{"spec.logicalReplication.maxRetainedWAL": "-1Gi"},
+			[]string{"spec.logicalReplication.maxRetainedWAL", "must be a positive quantity of bytes"}},
+		{"MaxRetainedWALNotAQuantity", map[string]any{"spec.logicalReplication.maxRetainedWAL": "lots"},
+			[]string{"spec.logicalReplication.maxRetainedWAL"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -174,6 +188,27 @@ func testAdmissionRejectsInvalidRelays(t *testing.T, s *suite) {
 			require.Contains(t, err.Error(), field+" cannot change on a live relay")
 		}
 		require.NoError(t, patch(`{"spec":{"relay":{"batchSize":100}}}`), "other fields still change")
+	})
+	t.Run("SourceCannotChange", func(t *testing.T) {
+		t.Parallel()
+		for name, set := range map[string]map[string]any{
+			"source-polling": nil,
+			"source-lr":      {"spec.source": "LogicalReplication", "spec.logicalReplication.maxRetainedWAL": "512Mi"},
+		} {
+			u := rawRelay(ns, name, set)
+			require.NoError(t, s.c.Create(context.Background(), u), name)
+			other := `{"spec":{"source":"LogicalReplication"}}`
+			if set != nil {
+				other = `{"spec":{"source":"Polling"}}`
+			}
+			err := s.c.Patch(context.Background(), u.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(other)))
+			require.Error(t, err, name)
+			require.Contains(t, err.Error(), "source cannot change on a live relay")
+			require.Contains(t, err.Error(), "create a new OutboxRelay")
+			require.NoError(t, s.c.Patch(context.Background(), u.DeepCopy(),
+				client.RawPatch(types.MergePatchType, []byte(`{"spec":{"logicalReplication":{"maxRetainedWAL":"2Gi"}}}`))),
+				"maxRetainedWAL still changes")
+		}
 	})
 	t.Run("ValidEdgeValuesAreAccepted", func(t *testing.T) {
 		t.Parallel()
@@ -236,4 +271,9 @@ func testAdmissionAppliesDefaults(t *testing.T, s *suite) {
 	require.False(t, spec.Suspend)
 	require.Equal(t, v1alpha1.ReplicasModeOperator, spec.Replicas.Mode)
 	require.Nil(t, spec.Replicas.Count)
+	require.Equal(t, v1alpha1.SourcePolling, spec.Source)
+	require.NotNil(t, spec.LogicalReplication.MaxRetainedWAL)
+	require.Equal(t, v1alpha1.DefaultMaxRetainedWAL, spec.LogicalReplication.MaxRetainedWAL.Value())
+	require.Equal(t, "1Gi", spec.LogicalReplication.MaxRetainedWAL.String())
+	require.Empty(t, relay.Finalizers, "a Polling relay has no slot to drop")
 }

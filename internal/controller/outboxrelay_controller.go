@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -95,6 +96,7 @@ type OutboxRelayReconciler struct {
 	applied       appliedGenerations
 	statuses      writtenStatuses
 	secretCache   *secretCache
+	slotDSNs      slotDSNs
 }
 
 // relayState is what one reconcile learns, step by step, and then writes.
@@ -103,7 +105,9 @@ type relayState struct {
 	now       time.Time
 	resources *relayResources
 
-	table          *outbox.Table
+	table *outbox.Table
+	// slot is the replication slot with source LogicalReplication, else "".
+	slot           string
 	specFailure    *failure
 	secrets        *resolvedSecrets
 	secretsFailure *failure
@@ -117,12 +121,13 @@ type relayState struct {
 	childFailure      *failure
 }
 
-// +kubebuilder:rbac:groups=relay.outbox.dev,resources=outboxrelays,verbs=get;list;watch
+// +kubebuilder:rbac:groups=relay.outbox.dev,resources=outboxrelays,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=relay.outbox.dev,resources=outboxrelays/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=relay.outbox.dev,resources=outboxrelays/finalizers,verbs=update
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=batch,resources=cronjobs,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconcile brings one OutboxRelay's children and status in line with its
@@ -141,9 +146,20 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, fmt.Errorf("getting OutboxRelay: %w", err)
 	}
 	if !relay.DeletionTimestamp.IsZero() {
+		if controllerutil.ContainsFinalizer(relay, v1alpha1.FinalizerReplicationSlot) {
+			// Source LogicalReplication: the slot goes first
+			// (outboxrelay_replication.go).
+			return r.finalize(ctx, relay)
+		}
 		// The children go with it (owner references); only memory is left.
 		r.forget(req.NamespacedName)
 		return ctrl.Result{}, nil
+	}
+	if err := r.ensureFinalizer(ctx, relay); err != nil {
+		if apierrors.IsConflict(err) {
+			return ctrl.Result{RequeueAfter: conflictRetryDelay}, nil
+		}
+		return ctrl.Result{}, err
 	}
 
 	// The status this process last wrote is at least as new as the cache's.
@@ -230,7 +246,13 @@ func (r *OutboxRelayReconciler) resolve(ctx context.Context, st *relayState) err
 	} else {
 		st.table = table
 	}
+	if st.relay.Spec.ReadsLogicalReplication() {
+		st.slot = ReplicationSlotName(st.relay)
+	}
 	st.secrets, st.secretsFailure, err = r.resolveSecrets(ctx, st.relay)
+	if st.slot != "" && st.secrets != nil {
+		r.slotDSNs.put(client.ObjectKeyFromObject(st.relay), st.secrets.dsn)
+	}
 	return err
 }
 
@@ -254,7 +276,7 @@ func (r *OutboxRelayReconciler) observeBacklog(st *relayState) {
 		return
 	}
 	obs := r.prober.Observe(client.ObjectKeyFromObject(st.relay),
-		backlog.Target{DSN: st.secrets.dsn, Redis: redisTarget(st), Table: st.table, Stream: st.relay.Spec.Redis.GetStream()},
+		backlog.Target{DSN: st.secrets.dsn, Redis: redisTarget(st), Table: st.table, Stream: st.relay.Spec.Redis.GetStream(), Slot: st.slot},
 		st.relay.Spec.Backlog.GetCheckInterval())
 	st.backlog = &obs
 }
@@ -277,6 +299,13 @@ func (r *OutboxRelayReconciler) decideReplicas(st *relayState) {
 		Max:              spec.Replicas.GetMax(),
 		TargetPerReplica: spec.Replicas.GetTargetBacklogPerReplica(),
 		ScaleDownWindow:  spec.Replicas.GetScaleDownStabilizationWindow(),
+	}
+	if spec.ReadsLogicalReplication() {
+		// One relay reads a slot at a time: more relays are standbys and
+		// drain nothing faster, so the backlog only wakes a relay from
+		// zero (replicas.min 0); replicas.min standbys run otherwise, and
+		// replicas.max does not apply.
+		policy.Max = max(policy.Min, 1)
 	}
 	var count *int64
 	if last := st.lastSuccess(); last != nil {
@@ -334,6 +363,7 @@ func (r *OutboxRelayReconciler) forget(key types.NamespacedName) {
 	r.applied.forget(key)
 	r.statuses.forget(key)
 	r.secretCache.forget(key)
+	r.slotDSNs.forget(key)
 	if r.Metrics != nil {
 		r.Metrics.Delete(key)
 	}

@@ -61,6 +61,8 @@ func TestController(t *testing.T) {
 		{"DeploymentDeletedOrEditedIsRestored", testDeploymentDeletedOrEditedIsRestored},
 		{"CronJobDeletedOrEditedIsRestored", testCronJobDeletedOrEditedIsRestored},
 		{"CleanupOnDispatchHasNoCronJob", testCleanupOnDispatchHasNoCronJob},
+		{"LogicalReplicationRelay", testLogicalReplicationRelay},             // outboxrelay_replication_test.go
+		{"UndroppableSlotKeepsFinalizer", testUndroppableSlotKeepsFinalizer}, // outboxrelay_replication_test.go
 		{"SecretChangeRollsPodTemplate", testSecretChangeRollsPodTemplate},
 		{"HangingDatabaseDoesNotHoldUpOthers", testHangingDatabaseDoesNotHoldUpOthers},
 		{"FileReadingDSNKeyIsRefused", testFileReadingDSNKeyIsRefused},
@@ -688,7 +690,7 @@ func testPrinterColumns(t *testing.T, s *suite) {
 		names = append(names, c.Name)
 	}
 	require.Equal(t, []string{
-		"Name", "Stream", "Backlog", "Oldest", "Dead-Letters", "Replicas", "Ready", "Reason", "Ordering", "Scaling", "Age",
+		"Name", "Stream", "Backlog", "Oldest", "Dead-Letters", "Replicas", "Ready", "Reason", "Ordering", "Scaling", "Slot", "Age",
 	}, names)
 	require.Equal(t, int32(1), table.ColumnDefinitions[4].Priority, "Dead-Letters shows with -o wide only")
 	require.Len(t, table.Rows, 1)

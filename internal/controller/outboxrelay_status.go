@@ -45,6 +45,8 @@ func unknownCondition(reason v1alpha1.Reason, message string) condition {
 // not part of the Ready chain.
 type conditions struct {
 	secrets, database, backlog, relays, deadLetters, streamIntact, ready condition
+	// slot is ReplicationSlotHealthy, with source LogicalReplication.
+	slot condition
 }
 
 // computeStatus is the status the reconcile observed. It is pure: every
@@ -80,6 +82,7 @@ func computeStatus(st *relayState) v1alpha1.OutboxRelayStatus {
 	if cj := st.resources.cronJob; cj != nil && cj.Status.LastSuccessfulTime != nil {
 		s.LastCleanupTime = cj.Status.LastSuccessfulTime.DeepCopy()
 	}
+	s.Replication = replicationStatus(st, s.Replication) // outboxrelay_replication.go
 
 	c := evaluateConditions(st, &s)
 	for _, x := range []struct {
@@ -104,6 +107,7 @@ func computeStatus(st *relayState) v1alpha1.OutboxRelayStatus {
 		})
 	}
 	setRedisDurable(st, &s) // outboxrelay_redis.go; not part of Ready
+	setReplicationSlot(st, &s, c.slot)
 	return s
 }
 
@@ -123,6 +127,9 @@ func evaluateConditions(st *relayState, s *v1alpha1.OutboxRelayStatus) condition
 		relays:       relaysCondition(st, s),
 		deadLetters:  deadLettersCondition(st, s),
 		streamIntact: streamIntactCondition(st), // outboxrelay_stream.go
+	}
+	if st.slot != "" {
+		c.slot = replicationSlotCondition(st, s) // outboxrelay_replication.go
 	}
 	c.ready = readyCondition(st, c)
 	return c
@@ -298,6 +305,11 @@ var readyChain = []readyCheck{
 		return c.backlog, c.backlog.status != metav1.ConditionTrue
 	},
 	func(_ *relayState, c conditions) (condition, bool) {
+		// Only this reason of ReplicationSlotHealthy: the server's disk
+		// fills. The others are warnings, or resolve by themselves.
+		return c.slot, c.slot.reason == v1alpha1.ReasonSlotRetainingWAL
+	},
+	func(_ *relayState, c conditions) (condition, bool) {
 		return c.relays, c.relays.status != metav1.ConditionTrue
 	},
 }
@@ -382,6 +394,7 @@ func (w *writtenStatuses) forget(key types.NamespacedName) {
 func (r *OutboxRelayReconciler) recordTransitions(ctx context.Context, relay *v1alpha1.OutboxRelay, old, now *v1alpha1.OutboxRelayStatus) {
 	log := logf.FromContext(ctx)
 	r.recordRedisTransition(ctx, relay, old, now)
+	r.recordSlotTransition(ctx, relay, old, now)
 	oldReady := meta.FindStatusCondition(old.Conditions, string(v1alpha1.ConditionReady))
 	ready := meta.FindStatusCondition(now.Conditions, string(v1alpha1.ConditionReady))
 	if ready != nil && (oldReady == nil || oldReady.Reason != ready.Reason || oldReady.Status != ready.Status) {

@@ -267,9 +267,11 @@ func (r *OutboxRelayReconciler) updateChildren(ctx context.Context, st *relaySta
 		st.deploymentWritten = true
 	}
 
-	if relay.Spec.Cleanup.DeletesOnDispatch() {
-		// The relays delete what they publish: no CronJob, and one left
-		// from the other mode goes.
+	if relay.Spec.Cleanup.DeletesOnDispatch() || relay.Spec.ReadsLogicalReplication() {
+		// The relays delete what they publish, or (source
+		// LogicalReplication) mark nothing dispatched, which is all that
+		// `relay cleanup` deletes: no CronJob, and one left from the other
+		// mode goes.
 		if err := r.deleteCronJob(ctx, st); err != nil {
 			if st.childFailure == nil {
 				st.childFailure = &failure{v1alpha1.ReasonCronJobFailed, fmt.Sprintf("deleting CronJob %q: %v", CronJobName(relay), err)}
@@ -295,7 +297,8 @@ func (r *OutboxRelayReconciler) updateChildren(ctx context.Context, st *relaySta
 }
 
 // deleteCronJob deletes the cleanup CronJob when there is one (cleanup mode
-// OnDispatch); its Jobs go with it (background propagation).
+// OnDispatch, source LogicalReplication); its Jobs go with it (background
+// propagation).
 func (r *OutboxRelayReconciler) deleteCronJob(ctx context.Context, st *relayState) error {
 	cj := st.resources.cronJob
 	if cj == nil {
