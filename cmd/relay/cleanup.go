@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,15 +10,18 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/relay"
 )
 
 func newCleanupCommand(c *common) *cobra.Command {
 	var retention time.Duration
 	var batchSize int
 	var dropPartitions bool
+	var slot string
+	var margin time.Duration
 	cmd := &cobra.Command{
 		Use:   "cleanup",
-		Short: "Delete dispatched rows older than the retention, in bounded batches",
+		Short: "Delete dispatched rows older than the retention, in bounded batches (with --slot: streamed rows, by age)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if retention < 0 {
@@ -26,8 +30,20 @@ func newCleanupCommand(c *common) *cobra.Command {
 			if batchSize < 1 {
 				return fmt.Errorf("--batch-size %d must be at least 1", batchSize)
 			}
+			if slot != "" && dropPartitions {
+				return errors.New("--drop-partitions judges dispatched_at, which source LogicalReplication (--slot) never sets")
+			}
 			return withPool(cmd.Context(), c, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
 				start := time.Now()
+				if slot != "" {
+					n, cutoff, err := t.DeleteStreamed(ctx, db, slot, retention, margin, batchSize)
+					if cutoff.IsZero() {
+						return err
+					}
+					_, _ = fmt.Fprintf(cmd.OutOrStdout(), "deleted %d rows created before %s (older than %s, and streamed by slot %s) from %s in %s\n",
+						n, cutoff.UTC().Format(time.RFC3339), retention, slot, t, time.Since(start).Round(time.Millisecond))
+					return err
+				}
 				if dropPartitions {
 					dropped, err := t.DropDispatchedPartitions(ctx, db, db, retention)
 					for _, p := range dropped {
@@ -46,6 +62,11 @@ func newCleanupCommand(c *common) *cobra.Command {
 	}
 	cmd.Flags().DurationVar(&retention, "retention", 72*time.Hour, "keep dispatched rows this long")
 	cmd.Flags().IntVar(&batchSize, "batch-size", 1000, "rows deleted per statement")
+	cmd.Flags().StringVar(&slot, "slot", "",
+		"source LogicalReplication: delete by created_at the rows older than the retention, and only those created "+
+			"--catch-up-margin before the slot's last published commit (rows are never marked dispatched in that mode)")
+	cmd.Flags().DurationVar(&margin, "catch-up-margin", relay.DefaultCatchUpMargin,
+		"with --slot: keep the rows a catch-up after a lost slot would read (the relay's --catch-up-margin)")
 	cmd.Flags().BoolVar(&dropPartitions, "drop-partitions", false,
 		"first detach and drop each partition whose rows are all dispatched past the retention "+
 			"(declarative partitioning; needs the table's owner)")

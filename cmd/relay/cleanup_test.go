@@ -4,9 +4,12 @@ import (
 	"regexp"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
 // insertRows writes n rows of kind (the event_type) created three hours ago
@@ -100,10 +103,33 @@ func TestCleanupRejectsInvalidFlags(t *testing.T) {
 		{[]string{"--batch-size", "0"}, "--batch-size 0 must be at least 1"},
 		{[]string{"--retention", "-1h"}, "--retention -1h0m0s is negative"},
 		{[]string{"--retention", "forever"}, "invalid argument"},
+		{[]string{"--slot", "s", "--drop-partitions"}, "--drop-partitions judges dispatched_at"},
+		{[]string{"--slot", "never_ran"}, "no published commit recorded for the slot: never_ran"},
 	} {
 		res := execRelay(t, env, append([]string{"cleanup"}, tc.args...)...)
 		require.NotZero(t, res.code, "cleanup %v", tc.args)
 		require.Contains(t, res.stderr, tc.want, "cleanup %v", tc.args)
 	}
 	require.Len(t, allRowIDs(t, db), 1, "nothing deleted")
+}
+
+// TestCleanupOfStreamedRows: with --slot (source LogicalReplication, whose
+// rows are never marked), cleanup deletes by created_at, older than the
+// retention and created before the slot's last published commit less the
+// margin.
+func TestCleanupOfStreamedRows(t *testing.T) {
+	t.Parallel()
+	dsn, db := freshDB(t)
+	env := relayEnv("DATABASE_URL=" + dsn)
+	old := insertRows(t, db, "old", 3, "") // created 3 hours ago, never marked
+	_, err := db.Exec(t.Context(), `INSERT INTO outbox_events (event_type, payload) VALUES ('new', '{}')`)
+	require.NoError(t, err)
+	table := outbox.MustNew("", outbox.Columns{})
+	require.NoError(t, table.EnsureProgressTable(t.Context(), db))
+	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now().Add(-2*time.Hour), true))
+
+	res := requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
+	require.Regexp(t, `^deleted 3 rows created before \S+ \(older than 1h0m0s, and streamed by slot orders\) from outbox_events`, res.stdout)
+	require.NotContains(t, allRowIDs(t, db), old[0])
+	require.Len(t, allRowIDs(t, db), 1, "the row newer than the published commit stays")
 }

@@ -16,7 +16,8 @@ const cleanupContainerName = "cleanup"
 
 // CleanupCronJob builds the CronJob <name>-cleanup that runs `relay cleanup`
 // for an OutboxRelay: batched deletes of dispatched rows older than the
-// retention, never two at a time. It needs only the DSN. It makes no client
+// retention (source LogicalReplication: of streamed rows by created_at,
+// behind the slot's progress), never two at a time. It needs only the DSN. It makes no client
 // call; the owner reference is set by the caller.
 func CleanupCronJob(relay *v1alpha1.OutboxRelay, image string) *batchv1.CronJob {
 	spec := &relay.Spec
@@ -25,6 +26,11 @@ func CleanupCronJob(relay *v1alpha1.OutboxRelay, image string) *batchv1.CronJob 
 		durationFlag("retention", spec.Cleanup.GetRetention()),
 		"--batch-size="+strconv.Itoa(int(spec.Cleanup.GetBatchSize())),
 	)
+	if spec.ReadsLogicalReplication() {
+		// Rows are never marked dispatched: delete them by age, behind the
+		// slot's progress (relay cleanup --slot).
+		args = append(args, "--slot="+ReplicationSlotName(relay))
+	}
 	container := corev1.Container{
 		Name:    cleanupContainerName,
 		Image:   relayImage(relay, image),

@@ -259,7 +259,7 @@ func (s *suite) waitGone(t *testing.T, key types.NamespacedName) {
 
 // testLogicalReplicationRelay follows a relay of source LogicalReplication
 // from its creation to its deletion, playing the relay by hand (no relay
-// runs in envtest): the finalizer, the relay flags, no CronJob, the backlog
+// runs in envtest): the finalizer, the relay flags, the CronJob's --slot, the backlog
 // before and after the relay's progress, the slot missing, then unbounded
 // (the shared test server leaves max_slot_wal_keep_size unset) without
 // touching Ready, then retaining WAL past maxRetainedWAL (Ready False), and
@@ -289,8 +289,12 @@ func testLogicalReplicationRelay(t *testing.T, s *suite) {
 	relay = s.waitCondition(t, key, v1alpha1.ConditionReplicationSlotHealthy, metav1.ConditionUnknown, v1alpha1.ReasonSlotMissing)
 	require.Equal(t, slot, relay.Status.Replication.SlotName)
 	require.False(t, relay.Status.Replication.SlotExists)
-	err = s.c.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: "orders-cleanup"}, &batchv1.CronJob{})
-	require.True(t, apierrors.IsNotFound(err), "no cleanup CronJob: it deletes dispatched rows, and none is marked (%v)", err)
+	cj := &batchv1.CronJob{}
+	eventually(t, "the cleanup CronJob", func() error {
+		return s.c.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: "orders-cleanup"}, cj)
+	})
+	require.Contains(t, cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0].Args, "--slot="+slot,
+		"rows are never marked: cleanup deletes them by age, behind the slot's progress")
 
 	// The relay starts: its slot exists, on a server without
 	// max_slot_wal_keep_size. A warning; Ready does not change for it.

@@ -267,11 +267,10 @@ func (r *OutboxRelayReconciler) updateChildren(ctx context.Context, st *relaySta
 		st.deploymentWritten = true
 	}
 
-	if relay.Spec.Cleanup.DeletesOnDispatch() || relay.Spec.ReadsLogicalReplication() {
-		// The relays delete what they publish, or (source
-		// LogicalReplication) mark nothing dispatched, which is all that
-		// `relay cleanup` deletes: no CronJob, and one left from the other
-		// mode goes.
+	if relay.Spec.Cleanup.DeletesOnDispatch() {
+		// The relays delete what they publish: no CronJob, and one left
+		// from the other mode goes. (Source LogicalReplication keeps one:
+		// `relay cleanup --slot` deletes streamed rows by age.)
 		if err := r.deleteCronJob(ctx, st); err != nil {
 			if st.childFailure == nil {
 				st.childFailure = &failure{v1alpha1.ReasonCronJobFailed, fmt.Sprintf("deleting CronJob %q: %v", CronJobName(relay), err)}
@@ -297,7 +296,7 @@ func (r *OutboxRelayReconciler) updateChildren(ctx context.Context, st *relaySta
 }
 
 // deleteCronJob deletes the cleanup CronJob when there is one (cleanup mode
-// OnDispatch, source LogicalReplication); its Jobs go with it (background
+// OnDispatch); its Jobs go with it (background
 // propagation).
 func (r *OutboxRelayReconciler) deleteCronJob(ctx context.Context, st *relayState) error {
 	cj := st.resources.cronJob

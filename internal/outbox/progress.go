@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-dev/outbox-operator/internal/pgtx"
 )
@@ -54,11 +55,13 @@ func (t *Table) EnsureProgressTable(ctx context.Context, db pgtx.Beginner) error
 	return nil
 }
 
-// ReadProgress reads the slot's row; ok is false when it has none.
+// ReadProgress reads the slot's row; ok is false when it has none (or the
+// progress table does not exist yet).
 func (t *Table) ReadProgress(ctx context.Context, q Querier, slot string) (p Progress, ok bool, err error) {
 	err = q.QueryRow(ctx, t.progress(readProgressSQL), slot).Scan(&p.LastCommit, &p.CatchUpPending)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Progress{}, false, nil
+	var pgErr *pgconn.PgError
+	if errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
+		return Progress{}, false, nil // no row, or no table yet: no relay of the slot has run
 	}
 	if err != nil {
 		return Progress{}, false, t.classify(fmt.Errorf("reading %s: %w", t.ProgressTable(), err))
@@ -140,4 +143,43 @@ func (t *Table) BacklogSince(ctx context.Context, q Querier, slot string, limit 
 	}
 	b.DeadLetters = dead
 	return b, nil
+}
+
+// ErrNoProgress: a cleanup of a logical replication relay's table found no
+// published commit of its slot, so it cannot tell what is safe to delete.
+var ErrNoProgress = errors.New("no published commit recorded for the slot")
+
+// DeleteStreamed deletes, in batches of batchSize, the rows created more
+// than retention ago and more than margin before the slot's last published
+// commit (the cleanup by age of source LogicalReplication, whose rows are
+// never marked dispatched). The margin keeps what a catch-up after a lost
+// slot would read. It returns the rows deleted and the cutoff used.
+func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, retention, margin time.Duration,
+	batchSize int) (int64, time.Time, error) {
+	p, ok, err := t.ReadProgress(ctx, q, slot)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	if !ok || p.LastCommit == nil {
+		return 0, time.Time{}, fmt.Errorf("%w: %s in %s (has its relay run?)", ErrNoProgress, slot, t.ProgressTable())
+	}
+	now, err := Now(ctx, q)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	cutoff := now.Add(-retention)
+	if c := p.LastCommit.Add(-margin); c.Before(cutoff) {
+		cutoff = c
+	}
+	var total int64
+	for {
+		tag, err := q.Exec(ctx, t.format(cleanupStreamedSQL), cutoff, batchSize)
+		if err != nil {
+			return total, cutoff, t.classify(fmt.Errorf("deleting streamed rows: %w", err))
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batchSize) || ctx.Err() != nil {
+			return total, cutoff, ctx.Err()
+		}
+	}
 }

@@ -60,3 +60,31 @@ func TestProgressAndBacklogSince(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"p7", "p8"}, payloads(page))
 }
+
+// TestDeleteStreamed: the cleanup by age of a logical replication relay's
+// table deletes rows older than the retention, never those within the
+// margin before the slot's last published commit, and nothing without a
+// recorded commit.
+func TestDeleteStreamed(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, tbl.DDL(DDLOptions{})+`
+		INSERT INTO outbox_events (event_type, payload, created_at)
+			SELECT 't', 'p' || g, now() - g * interval '1 hour' FROM generate_series(1, 10) g;`)
+	ctx := context.Background()
+	require.NoError(t, tbl.EnsureProgressTable(ctx, db))
+	_, _, err := tbl.DeleteStreamed(ctx, db, "s", time.Hour, time.Minute, 3)
+	require.ErrorIs(t, err, ErrNoProgress)
+
+	now, err := Now(ctx, db)
+	require.NoError(t, err)
+	// Published up to 5h30 ago: with a margin of 1h, rows up to 6h30 ago may go.
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now.Add(-330*time.Minute), true))
+	n, cutoff, err := tbl.DeleteStreamed(ctx, db, "s", 2*time.Hour, time.Hour, 3)
+	require.NoError(t, err)
+	require.EqualValues(t, 4, n, "rows 7h to 10h old, in batches of 3")
+	require.WithinDuration(t, now.Add(-390*time.Minute), cutoff, time.Second)
+	var left int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM outbox_events`).Scan(&left))
+	require.Equal(t, 6, left)
+}

@@ -96,6 +96,20 @@ DELETE FROM %[1]s AS o USING doomed
 WHERE o.tableoid = doomed.tableoid AND o.ctid = doomed.ctid
 	AND o.%[6]s < now() - make_interval(secs => $1)`
 
+	// cleanupStreamedSQL deletes up to $2 rows created before $1, the
+	// cleanup of a logical replication relay's table, whose rows are never
+	// marked (the caller bounds $1 by the slot's progress). Locked rows are
+	// skipped and the predicate repeated, like cleanupSQL.
+	cleanupStreamedSQL = `WITH doomed AS (
+	SELECT tableoid, ctid FROM %[1]s
+	WHERE %[5]s < $1
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+)
+DELETE FROM %[1]s AS o USING doomed
+WHERE o.tableoid = doomed.tableoid AND o.ctid = doomed.ctid
+	AND o.%[5]s < $1`
+
 	// partitionsSQL lists the leaf partitions of a declaratively
 	// partitioned table ($1), but its default partition, oldest first by
 	// name (the usual per-day names sort by date).
