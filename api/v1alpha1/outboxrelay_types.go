@@ -593,18 +593,20 @@ type OutboxRelaySpec struct {
 	// inserts from a PostgreSQL logical replication slot (pgoutput; the
 	// server needs wal_level=logical and the DSN's role REPLICATION), in
 	// commit order, and confirm the slot's position once Redis acknowledged
-	// them; rows are never marked dispatched, no cleanup CronJob runs (the
-	// application deletes the rows it no longer needs), and one relay reads
-	// at a time (more replicas are warm standbys). The operator names the
+	// them; rows are never marked dispatched (the cleanup CronJob deletes
+	// them by age behind the slot's progress, or the application deletes
+	// them itself), and one relay reads at a time (more replicas are warm
+	// standbys). A new slot's relay first publishes, from the table, the
+	// rows committed before the slot existed (a catch-up). The operator names the
 	// slot (status.replication.slotName), reports its WAL (condition
 	// ReplicationSlotHealthy) and drops it when the OutboxRelay is deleted
 	// (finalizer relay.outbox.dev/replication-slot). It excludes
 	// cleanup.mode OnDispatch, redis.autoReplay and ordering PerKey. It
 	// cannot change on a live relay: create a new OutboxRelay instead.
-	// docs/relay.md, "Sources".
+	// docs/relay.md, "Logical replication".
 	// +optional
 	// +kubebuilder:default=Polling
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="source cannot change on a live relay (switching away from LogicalReplication would leave its slot retaining WAL and its rows never marked dispatched; switching to it would stream only new rows): create a new OutboxRelay"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="source cannot change on a live relay (switching away from LogicalReplication would leave its slot retaining WAL and every streamed row unmarked, for polling to publish again): create a new OutboxRelay"
 	Source Source `json:"source,omitempty"`
 
 	// logicalReplication shapes the relays of source LogicalReplication;
