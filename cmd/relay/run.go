@@ -174,7 +174,8 @@ func (o *runOptions) validate(c *common) error {
 	if d, err := outbox.ParseDispatch(o.cleanupMode); err != nil {
 		errs = append(errs, fmt.Errorf("--cleanup-mode: %w", err))
 	} else if d == outbox.DeleteOnDispatch && o.streamOpts.autoReplay {
-		errs = append(errs, errors.New("--auto-replay republishes dispatched rows, which --cleanup-mode OnDispatch deletes: use one or the other"))
+		errs = append(errs, errors.New(
+			"--auto-replay republishes dispatched rows, which --cleanup-mode OnDispatch deletes: use one or the other"))
 	}
 	if src, err := relay.ParseSource(o.source); err != nil {
 		errs = append(errs, fmt.Errorf("--source: %w", err))

@@ -77,7 +77,8 @@ func (r *report) printCleanup(b *strings.Builder) {
 		"statement + commit, no Redis, on as many connections as relays) measured right before each run; latency from\n"+
 		"commit to the stream at %d events/s offered, polling alone, after a %s warm-up; PostgreSQL's CPU (postmaster\n"+
 		"and children, /proc) during the drain:\n\n", r.rows, cleanupBatch, relay.DefaultInFlight, r.rate, warmUp)
-	fmt.Fprintln(b, "| mode | processes | events/s | runs | raw claim rate (rows/s) | of raw | vs default | p50 | p99 | peak RSS (MiB) | PG CPU ms / 1k events |")
+	fmt.Fprintln(b, "| mode | processes | events/s | runs | raw claim rate (rows/s) | of raw | vs default | "+
+		"p50 | p99 | peak RSS (MiB) | PG CPU ms / 1k events |")
 	fmt.Fprintln(b, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, x := range r.cleanup {
 		d := x.drain

@@ -393,7 +393,8 @@ func (r *report) printReplication(b *strings.Builder) {
 			"after a %s warm-up, the producers' synchronous_commit as given (a walsender streams only flushed WAL);\n"+
 			"PostgreSQL's CPU per 1,000 events from the first insert to the last arrival (the producers' inserts included):\n\n",
 			r.rate, warmUp)
-		fmt.Fprintln(b, "| source | synchronous_commit | offered ev/s | achieved ev/s | events | p50 | p99 | max | peak RSS (MiB) | PG CPU ms / 1k events |")
+		fmt.Fprintln(b, "| source | synchronous_commit | offered ev/s | achieved ev/s | events | p50 | p99 | max | "+
+			"peak RSS (MiB) | PG CPU ms / 1k events |")
 		fmt.Fprintln(b, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 		for _, l := range x.latency {
 			fmt.Fprintf(b, "| %s | %s | %d | %.0f | %d | %s | %s | %s | %.1f | %s |\n", l.src, onOff(l.syncCommit), l.offered,

@@ -27,10 +27,12 @@ func TestReplicationChecksJudgeTheFacts(t *testing.T) {
 		"no role attr": {func(f *ReplicationFacts) { f.Replication = false }, "replication.role", Fail, "no REPLICATION attribute"},
 		"unbounded": {func(f *ReplicationFacts) { f.MaxSlotWALKeepSize = -1 }, "replication.max_slot_wal_keep_size", Warn,
 			"until the disk is full"},
-		"bounded":  {func(*ReplicationFacts) {}, "replication.max_slot_wal_keep_size", OK, "is 10.0 GiB"},
-		"missing":  {func(f *ReplicationFacts) { f.Slot = logical.SlotStatus{} }, "replication.slot", Info, "creates it when it starts"},
-		"lost":     {func(f *ReplicationFacts) { f.Slot.WALStatus = "lost" }, "replication.slot", Fail, "is invalidated"},
-		"retained": {func(f *ReplicationFacts) { f.Slot.RetainedBytes = 3 << 30 }, "replication.slot", Warn, "retains 3.0 GiB of WAL, above 1.0 GiB"},
+		"bounded": {func(*ReplicationFacts) {}, "replication.max_slot_wal_keep_size", OK, "is 10.0 GiB"},
+		"missing": {func(f *ReplicationFacts) { f.Slot = logical.SlotStatus{} }, "replication.slot", Info, "creates it when it starts"},
+		"lost":    {func(f *ReplicationFacts) { f.Slot.WALStatus = "lost" }, "replication.slot", Fail, "is invalidated"},
+		"retained": {
+			func(f *ReplicationFacts) { f.Slot.RetainedBytes = 3 << 30 }, "replication.slot", Warn, "retains 3.0 GiB of WAL, above 1.0 GiB",
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := good

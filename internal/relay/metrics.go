@@ -39,8 +39,8 @@ type Metrics struct {
 	// (the statement), queued (claimed, waiting for the publisher: the
 	// overlap of batches in flight), publish (the XADD pipeline) and commit.
 	BatchPhase *prometheus.HistogramVec
-	Lag                prometheus.Histogram
-	Ready              prometheus.Gauge
+	Lag        prometheus.Histogram
+	Ready      prometheus.Gauge
 	// stream: resets, trimming, replays (streamloss.go).
 	stream *streamMetrics
 }
@@ -89,7 +89,8 @@ func NewMetrics() *Metrics {
 	}
 	m.stream = newStreamMetrics()
 	for _, k := range []string{
-		ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout, ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas, ErrorKindSlotInvalidated,
+		ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout,
+		ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas, ErrorKindSlotInvalidated,
 	} {
 		m.Errors.WithLabelValues(k)
 	}
