@@ -73,6 +73,19 @@ func (b *testBundle) waitStream(t *testing.T, ids []string) []entry {
 	return entries
 }
 
+// waitCaughtUp waits until the relay on slot has recorded its catch-up
+// done. A row committed while the catch-up runs can be published by both
+// the catch-up and the stream (a duplicate, by design): a test that counts
+// each event once writes its rows after this.
+func (b *testBundle) waitCaughtUp(t *testing.T, slot string) {
+	t.Helper()
+	waitFor(t, "the catch-up of slot "+slot+" done", func() bool {
+		p, ok, err := b.table.ReadProgress(context.Background(), b.db, slot)
+		require.NoError(t, err)
+		return ok && !p.CatchUpPending
+	})
+}
+
 // insertNow writes n events, one transaction each, with created_at the
 // column's default (the transaction's start), as the catch-up after a lost
 // slot expects; it returns their ids.
@@ -96,6 +109,7 @@ func TestReplicationCatchesUpThenStreamsInCommitOrder(t *testing.T) {
 	r := b.newRelay(t, b.replicating(t, Config{BatchSize: 10}))
 	stop := runInBackground(t, r)
 	b.waitStream(t, before)
+	b.waitCaughtUp(t, "relay_test")
 	after := b.insert(t, 40) // from the slot's stream
 	entries := b.waitStream(t, append(append([]string{}, before...), after...))
 	require.NoError(t, stop())
@@ -204,6 +218,7 @@ func TestReplicationFollowsATableAltered(t *testing.T) {
 	b := setup(t, bundleOpts{})
 	r := b.newRelay(t, b.replicating(t, Config{}))
 	stop := runInBackground(t, r)
+	b.waitCaughtUp(t, "relay_test")
 	ctx := context.Background()
 	first := b.insert(t, 3)
 	b.waitStream(t, first)
@@ -234,6 +249,7 @@ func TestReplicationSecondRelayStandsByAndTakesOver(t *testing.T) {
 	cfg := b.replicating(t, Config{})
 	a := b.newRelay(t, cfg)
 	stopA := runInBackground(t, a)
+	b.waitCaughtUp(t, cfg.Slot)
 	first := b.insert(t, 5)
 	b.waitStream(t, first)
 	standby := b.newRelay(t, cfg)
