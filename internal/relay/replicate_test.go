@@ -173,6 +173,7 @@ func TestReplicationSurvivesAPostgresRestart(t *testing.T) {
 	pg.Stop(t)
 	waitFor(t, "not ready while PostgreSQL is down", func() bool { return r.Ready() != nil })
 	pg.Start(t)
+	b.db.Reset() // the test's own pool holds connections the restart ended
 	second := b.insert(t, 20)
 	b.waitStream(t, append(append([]string{}, first...), second...))
 	require.NoError(t, stop())

@@ -336,6 +336,7 @@ func TestPostgresDownIsRetriedWithoutCountingAgainstTheEntry(t *testing.T) {
 		return err != nil && strings.Contains(err.Error(), "recording event e1 in processed_events")
 	})
 	pg.Start(t)
+	b.db.Reset() // the test's own pool holds connections the restart ended
 
 	waitFor(t, "e1 processed", func() bool { return b.effects(t)["e1"] == 1 })
 	waitFor(t, "nothing pending", func() bool { return b.pending(t) == 0 })
