@@ -169,7 +169,7 @@ func TestPostgresRestartRecovers(t *testing.T) {
 	ps.Stop(t)
 	waitFor(t, "relay not ready while PostgreSQL is down", func() bool { return r.Ready() != nil })
 	ps.Start(t)
-	b.db.Reset() // the test's own pool holds connections the restart ended
+	b.db.Reset()         // the test's own pool holds connections the restart ended
 	b.insertBulk(t, 500) // arrive after the restart
 	waitFor(t, "backlog drained after PostgreSQL came back", func() bool {
 		n, err := b.table.Backlog(context.Background(), b.db)
