@@ -395,8 +395,11 @@ func orderingScenarios() {
 			finalLeader = owners(ownedPartitionsOf(relayPods(name)))
 			return finalLeader
 		}).WithTimeout(30*time.Second).WithPolling(time.Second).Should(HaveLen(1), "one leader among the new pods")
-		leaders := seen()
 		stopWatch()
+		// The watcher polls each pod's log once a second, so it can miss a
+		// leader that took over between two polls: it reports the handoffs
+		// it saw; the assertions below rest on what was read directly.
+		leaders := seen()
 		epochAfter := fenceEpoch(stream, "0")
 		_, _ = fmt.Fprintf(GinkgoWriter, "Strict across a rollout: %s; rollout done at %s, drained at %s; leaders seen %v (first %s, now %v); fence epoch %d -> %d\n",
 			rep, rolled.Round(time.Millisecond), drained.Round(time.Millisecond), leaders, firstLeader, finalLeader, epochBefore, epochAfter)
@@ -406,7 +409,6 @@ func orderingScenarios() {
 
 		By("the leadership moved to a new pod, under a new epoch")
 		Expect(oldPods).NotTo(ContainElement(finalLeader[0]), "the leader is a pod of the rollout")
-		Expect(leaders).To(ContainElements(firstLeader, finalLeader[0]))
 		Expect(epochAfter).To(BeNumerically(">", epochBefore), "a new leader published under a newer epoch")
 	})
 
