@@ -44,6 +44,8 @@ type benchEnv struct {
 	// postmaster is the PostgreSQL server's pid, 0 if /proc does not show
 	// it: its process tree's CPU time is the database's (pgCPU).
 	postmaster int
+	// redisPID is the Redis server's (INFO server), 0 if unknown.
+	redisPID int
 	// extraArgs are added to every relay started (the wait section).
 	extraArgs []string
 }
@@ -76,8 +78,24 @@ func newBenchEnv(ctx context.Context, dsn, redisURL, relayBin string) (*benchEnv
 	if st, ok := readStat(backend); ok {
 		postmaster = st.ppid // a backend is a child of the postmaster
 	}
-	return &benchEnv{dsn: dsn, redisURL: redisURL, relayBin: relayBin, db: db, rdb: redis.NewClient(opts), table: table,
-		postmaster: postmaster}, nil
+	rdb := redis.NewClient(opts)
+	return &benchEnv{dsn: dsn, redisURL: redisURL, relayBin: relayBin, db: db, rdb: rdb, table: table,
+		postmaster: postmaster, redisPID: redisPID(ctx, rdb)}, nil
+}
+
+// redisPID reads the server's process_id from INFO server; 0 if absent.
+func redisPID(ctx context.Context, rdb *redis.Client) int {
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			pid, _ := strconv.Atoi(v)
+			return pid
+		}
+	}
+	return 0
 }
 
 func (e *benchEnv) close() {
@@ -112,7 +130,8 @@ type rawResult struct {
 
 // rawClaimRate drains n rows with the claim statement of cleanup mode d
 // (mark or delete) and a commit per batch, on conns connections, without
-// Redis: the ceiling PostgreSQL sets.
+// Redis: the ceiling PostgreSQL sets. Each connection claims as a relay's
+// claimer does, from its frontier (outbox.Frontier).
 func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int, d outbox.Dispatch) (float64, error) {
 	if err := e.load(ctx, n); err != nil {
 		return 0, err
@@ -122,13 +141,21 @@ func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int, d outb
 	start := time.Now()
 	for range conns {
 		wg.Go(func() {
+			var frontier outbox.Frontier // where the relay's claims begin, too
 			for {
 				tx, err := e.db.Begin(ctx)
 				if err != nil {
 					errs <- err
 					return
 				}
-				events, err := e.table.Claim(ctx, tx, d, batch)
+				now := time.Now()
+				var events []outbox.Event
+				if from, ok := frontier.Next(now); ok {
+					events, err = e.table.ClaimFrom(ctx, tx, d, batch, from)
+				} else {
+					events, err = e.table.Claim(ctx, tx, d, batch)
+				}
+				frontier.Claimed(events, batch, now)
 				if err == nil {
 					err = tx.Commit(ctx)
 				}
@@ -160,6 +187,8 @@ type throughputResult struct {
 	raw                    float64         // raw claim rate of the same mode, measured just before (drain)
 	ofRaw                  float64         // rate / raw
 	pgCPUPer1k             float64         // PostgreSQL's CPU ms per 1,000 events drained; NaN: not measured
+	redisCPUPer1k          float64         // Redis's, the same way
+	relayCPUPer1k          float64         // the relay processes', from their start
 	runs                   []throughputResult
 }
 
@@ -169,14 +198,14 @@ func (t throughputResult) median() throughputResult {
 	runs := slices.Clone(t.runs)
 	slices.SortFunc(runs, func(a, b throughputResult) int { return cmp.Compare(a.rate, b.rate) })
 	m := runs[len(runs)/2]
-	raws := make([]float64, 0, len(runs))
-	fractions := make([]float64, 0, len(runs))
-	cpus := make([]float64, 0, len(runs))
+	var raws, fractions, cpus, redisCPUs, relayCPUs []float64
 	for _, r := range runs {
 		m.rssMiB = max(m.rssMiB, r.rssMiB)
 		raws, fractions, cpus = append(raws, r.raw), append(fractions, r.ofRaw), append(cpus, r.pgCPUPer1k)
+		redisCPUs, relayCPUs = append(redisCPUs, r.redisCPUPer1k), append(relayCPUs, r.relayCPUPer1k)
 	}
 	m.raw, m.ofRaw, m.pgCPUPer1k = medianOf(raws), medianOf(fractions), medianOf(cpus)
+	m.redisCPUPer1k, m.relayCPUPer1k = medianOf(redisCPUs), medianOf(relayCPUs)
 	m.runs = t.runs
 	return m
 }
@@ -223,11 +252,13 @@ func cleanupArgs(d outbox.Dispatch) []string {
 // throughput loads n rows and drains them with procs relay processes in
 // cleanup mode d.
 func (e *benchEnv) throughput(ctx context.Context, n, batch, procs, inFlight int, d outbox.Dispatch) (throughputResult, error) {
-	res := throughputResult{batch: batch, procs: procs, inFlight: inFlight, dispatch: d, pgCPUPer1k: math.NaN()}
+	res := throughputResult{batch: batch, procs: procs, inFlight: inFlight, dispatch: d, pgCPUPer1k: math.NaN(),
+		redisCPUPer1k: math.NaN(), relayCPUPer1k: math.NaN()}
 	if err := e.load(ctx, n); err != nil {
 		return res, err
 	}
 	cpuBefore, cpuOK := e.pgCPU()
+	redisBefore, redisOK := readStat(e.redisPID)
 	relays, err := e.startRelays(procs, append([]string{"--batch-size=" + strconv.Itoa(batch),
 		"--in-flight=" + strconv.Itoa(inFlight)}, cleanupArgs(d)...)...)
 	if err != nil {
@@ -248,8 +279,21 @@ func (e *benchEnv) throughput(ctx context.Context, n, batch, procs, inFlight int
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	per1k := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / (float64(n) / 1000) }
 	if cpuAfter, ok := e.pgCPU(); ok && cpuOK {
-		res.pgCPUPer1k = float64(cpuAfter-cpuBefore) / float64(time.Millisecond) / (float64(n) / 1000)
+		res.pgCPUPer1k = per1k(cpuAfter - cpuBefore)
+	}
+	if redisAfter, ok := readStat(e.redisPID); ok && redisOK {
+		res.redisCPUPer1k = per1k(redisAfter.cpu - redisBefore.cpu)
+	}
+	var relayCPU time.Duration
+	relayOK := true
+	for _, r := range relays {
+		st, ok := readStat(r.Process.Pid)
+		relayCPU, relayOK = relayCPU+st.cpu, relayOK && ok
+	}
+	if relayOK {
+		res.relayCPUPer1k = per1k(relayCPU)
 	}
 	for _, r := range relays {
 		res.rssMiB = max(res.rssMiB, peakRSSMiB(r.Process.Pid))

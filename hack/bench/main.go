@@ -188,8 +188,9 @@ func run(ctx context.Context, o options) (err error) {
 					return err
 				}
 				report.throughput = append(report.throughput, res)
-				logf("relay, batch %d, %d process(es), %d in flight: %.0f events/s (%.0f%% of raw), peak RSS %.1f MiB",
-					batch, procs, inFlight, res.rate, 100*res.ofRaw, res.rssMiB)
+				logf("relay, batch %d, %d process(es), %d in flight: %.0f events/s (%.0f%% of raw), peak RSS %.1f MiB, "+
+					"CPU ms per 1k events: PostgreSQL %.1f, Redis %.1f, relays %.1f",
+					batch, procs, inFlight, res.rate, 100*res.ofRaw, res.rssMiB, res.pgCPUPer1k, res.redisCPUPer1k, res.relayCPUPer1k)
 			}
 		}
 	}

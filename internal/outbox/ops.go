@@ -114,6 +114,17 @@ func (t *Table) Claim(ctx context.Context, tx Querier, d Dispatch, limit int) ([
 	return t.claim(ctx, tx, t.ClaimSQL(d), false, limit)
 }
 
+// ClaimFrom is Claim over the pending rows created at or after from only.
+// It takes the same rows as Claim would, less those created before from,
+// at a cost that does not grow with the index entries before from: the
+// rows a claim in flight holds locked, and those of batches committed
+// since the last vacuum, which a claim from the start of the index walks
+// past. A caller that claims from a point must also claim from the start
+// now and then (Frontier), or a row committed late below it would wait.
+func (t *Table) ClaimFrom(ctx context.Context, tx Querier, d Dispatch, limit int, from time.Time) ([]Event, error) {
+	return t.claim(ctx, tx, t.ClaimFromSQL(d), false, limit, from)
+}
+
 // ErrNoKeyColumn: a keyed claim on a table configured without a key column.
 var ErrNoKeyColumn = errors.New("no key column configured (ordering PerKey needs --key-column)")
 

@@ -66,6 +66,12 @@ SELECT r_id, r_type, r_payload, r_created%[16]s FROM claimed ORDER BY sort_creat
 	claimKeyedPartitionOfO = `(hashtextextended(coalesce(o.%[14]s::text, ''), 0) & 9223372036854775807) %% $2`
 	claimKeyedSelect       = `, r_key, r_partition`
 
+	// claimFromWhere starts the claim's scan of the pending index at a
+	// created_at (Table.ClaimFrom). timestamptz compares with a timestamp
+	// column within the index's operator family, so the index serves both.
+	claimFromWhere = `
+		AND %[5]s >= $2::timestamptz`
+
 	// keyCheckSQL (with %[14]s the key column) reads no row: it fails when
 	// the key column does not exist.
 	keyCheckSQL = `SELECT %[14]s FROM %[1]s LIMIT 0`
@@ -344,6 +350,11 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 
 // ClaimSQL is the claim statement of dispatch mode d; $1 is the batch size.
 func (t *Table) ClaimSQL(d Dispatch) string { return t.format(claimSQL, "", "", "", t.claimAction(d)) }
+
+// ClaimFromSQL is ClaimSQL starting at a created_at: $2 (Table.ClaimFrom).
+func (t *Table) ClaimFromSQL(d Dispatch) string {
+	return t.format(claimSQL, t.format(claimFromWhere), "", "", t.claimAction(d))
+}
 
 // ClaimKeyedSQL is the claim of ordering PerKey; $1 is the batch size, $2
 // the number of key partitions, $3 the partitions to take rows of.

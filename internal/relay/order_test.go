@@ -301,3 +301,32 @@ func TestPerKeyPartitionsAreShared(t *testing.T) {
 		return len(*a.claimable.Load()) == 8
 	})
 }
+
+// TestARowCommittedBelowTheFrontierIsPublished: while the relay claims
+// full batches, its claims begin past the rows it claimed (outbox.Frontier).
+// A row whose transaction commits after those claims passed its created_at
+// lies below the frontier; it is published all the same, with every other.
+func TestARowCommittedBelowTheFrontierIsPublished(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	b.insertBulk(t, 400)
+	r := b.newRelay(t, Config{BatchSize: 20, InFlight: 2})
+	var claims atomic.Int64
+	late := make(chan string, 1)
+	r.testHookBeforeClaim = func() {
+		if claims.Add(1) != 4 { // claims 1 to 3 were full: this one begins at the frontier
+			return
+		}
+		var id string
+		require.NoError(t, b.db.QueryRow(context.Background(), `INSERT INTO outbox_events (event_type, payload, created_at)
+			VALUES ('order_created', '{"late":true}', now() - interval '2 hours') RETURNING id::text`).Scan(&id))
+		late <- id
+	}
+	stop := runInBackground(t, r)
+	waitFor(t, "backlog drained, the late row included", func() bool { return len(late) == 1 && b.backlog(t) == 0 })
+	require.NoError(t, stop())
+	ids := b.allIDs(t)
+	require.Len(t, ids, 401)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+	require.Contains(t, ids, <-late)
+}

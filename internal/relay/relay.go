@@ -235,6 +235,14 @@ func (p *pipe) waitOlder(ctx context.Context, e uint64) bool {
 
 // claimer claims batches while ctx lasts and hands them to the publisher.
 func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
+	// Ordering None claims past the batches in flight (outbox.Frontier);
+	// an ordered relay claims from the start, so that a row committed late
+	// is not passed over by the rows after it.
+	var frontier *outbox.Frontier
+	if o == nil && r.cfg.Ordering == OrderingNone {
+		frontier = &outbox.Frontier{}
+	}
+	lastEpoch := p.epoch.Load()
 	for {
 		select {
 		case <-p.tokens:
@@ -254,11 +262,18 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 		if r.testHookBeforeClaim != nil {
 			r.testHookBeforeClaim()
 		}
-		b, err := r.claim(ctx, o)
+		if epoch != lastEpoch && frontier != nil {
+			frontier.Reset() // a batch failed: its rows are pending again, below the frontier
+		}
+		lastEpoch = epoch
+		b, err := r.claim(ctx, o, frontier)
 		var pause time.Duration
 		var wake <-chan struct{}
 		switch {
 		case err != nil:
+			if frontier != nil {
+				frontier.Reset()
+			}
 			p.tokens <- struct{}{}
 			failures := int(r.failures.Add(1))
 			pause = r.retryDelay(err, failures)
@@ -397,7 +412,7 @@ type result struct {
 // runOnce claims, publishes and commits one batch on its own, outside the
 // pipeline.
 func (r *Relay) runOnce(ctx context.Context) (*result, error) {
-	b, err := r.claim(ctx, nil)
+	b, err := r.claim(ctx, nil, nil)
 	r.setErr(err)
 	if err != nil || b == nil {
 		return &result{}, err
@@ -410,8 +425,9 @@ func (r *Relay) runOnce(ctx context.Context) (*result, error) {
 // claim begins a transaction and claims a batch in it; nil when nothing is
 // pending (or, for an ordered relay, when it owns no key partition). The
 // transaction stays open for finish. An ordered relay fences the batch
-// first (ownership.fence) and claims only rows of its partitions.
-func (r *Relay) claim(ctx context.Context, o *ownership) (*batch, error) {
+// first (ownership.fence) and claims only rows of its partitions. A
+// frontier (nil: none) says where the claim begins and records what it took.
+func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Frontier) (*batch, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.batchTimeout())
 	b := &batch{ctx: bctx, cancel: cancel, start: time.Now()}
 	tx, err := r.db.Begin(ctx)
@@ -431,9 +447,17 @@ func (r *Relay) claim(ctx context.Context, o *ownership) (*batch, error) {
 			return nil, err
 		}
 	}
-	if r.cfg.Ordering == OrderingPerKey {
+	var from time.Time
+	var fromFrontier bool
+	if frontier != nil {
+		from, fromFrontier = frontier.Next(b.start)
+	}
+	switch {
+	case r.cfg.Ordering == OrderingPerKey:
 		b.events, err = r.cfg.Table.ClaimKeyed(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize, r.cfg.Partitions, parts)
-	} else {
+	case fromFrontier:
+		b.events, err = r.cfg.Table.ClaimFrom(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize, from)
+	default:
 		b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize)
 	}
 	if err != nil {
@@ -441,6 +465,9 @@ func (r *Relay) claim(ctx context.Context, o *ownership) (*batch, error) {
 		return nil, fmt.Errorf("claiming batch: %w", err)
 	}
 	b.claimed = time.Now()
+	if frontier != nil {
+		frontier.Claimed(b.events, r.cfg.BatchSize, b.start)
+	}
 	if len(b.events) == 0 {
 		r.rollback(b) // nothing to keep; ends the transaction at once
 		// Nothing to publish: still make sure Redis answers, so that
