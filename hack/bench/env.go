@@ -198,7 +198,11 @@ func (t throughputResult) median() throughputResult {
 	runs := slices.Clone(t.runs)
 	slices.SortFunc(runs, func(a, b throughputResult) int { return cmp.Compare(a.rate, b.rate) })
 	m := runs[len(runs)/2]
-	var raws, fractions, cpus, redisCPUs, relayCPUs []float64
+	raws := make([]float64, 0, len(runs))
+	fractions := make([]float64, 0, len(runs))
+	cpus := make([]float64, 0, len(runs))
+	redisCPUs := make([]float64, 0, len(runs))
+	relayCPUs := make([]float64, 0, len(runs))
 	for _, r := range runs {
 		m.rssMiB = max(m.rssMiB, r.rssMiB)
 		raws, fractions, cpus = append(raws, r.raw), append(fractions, r.ofRaw), append(cpus, r.pgCPUPer1k)

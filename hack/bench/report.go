@@ -90,7 +90,8 @@ func (r *report) printThroughput(b *strings.Builder) {
 	fmt.Fprintf(b, "Relay throughput, %d rows drained by `relay run` (median of runs; \"of raw\" compares with the raw claim rate\n"+
 		"measured right before each run with the same batch size, on as many connections as relay processes; CPU ms\n"+
 		"per 1,000 events from /proc: PostgreSQL's process tree, the Redis server, the relay processes from their start):\n\n", r.rows)
-	fmt.Fprintln(b, "| batch | processes | in flight | events/s | of raw claim rate | peak RSS (MiB) | CPU ms / 1k: PostgreSQL | Redis | relays |")
+	fmt.Fprintln(b, "| batch | processes | in flight | events/s | of raw claim rate | peak RSS (MiB) | "+
+		"CPU ms / 1k: PostgreSQL | Redis | relays |")
 	fmt.Fprintln(b, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, x := range r.throughput {
 		fmt.Fprintf(b, "| %d | %d | %d | %.0f | %.0f%% | %.1f | %s | %s | %s |\n", x.batch, x.procs, x.inFlight, x.rate,
