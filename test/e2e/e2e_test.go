@@ -429,6 +429,10 @@ spec:
 	// an OutboxRelay, table and stream of its own (ordering_test.go).
 	orderingScenarios()
 
+	// Issue 16: cleanup.mode OnDispatch on an OutboxRelay, table and stream
+	// of its own (cleanup_mode_test.go).
+	cleanupModeScenarios()
+
 	// The kubectl plugin (plugin_test.go): against the sample's relay, and an
 	// OutboxRelay, table and stream of its own for dead letters and replay.
 	pluginScenarios()

@@ -50,6 +50,12 @@ func orderedTable(table string, keyed bool) {
 // postgresExtra goes into spec.postgres (e.g. ", columns: {key: aggregate_id}").
 func orderedRelay(name, table, stream, postgresExtra, spec string) {
 	GinkgoHelper()
+	relayWithCleanup(name, table, stream, postgresExtra, "{suspend: true}", spec)
+}
+
+// relayWithCleanup is orderedRelay with spec.cleanup given.
+func relayWithCleanup(name, table, stream, postgresExtra, cleanup, spec string) {
+	GinkgoHelper()
 	DeferCleanup(func() {
 		_, _ = db.Exec(ctx, `DROP TABLE IF EXISTS `+table)
 		_, _ = rdb.Del(ctx, stream, stream+":fence").Result()
@@ -61,8 +67,8 @@ spec:
   postgres: {dsnSecretRef: {name: orders-db, key: dsn}, table: %s%s}
   redis: {urlSecretRef: {name: orders-redis, key: url}, stream: %s}
   backlog: {checkInterval: 2s}
-  cleanup: {suspend: true}
-%s`, name, table, postgresExtra, stream, spec),
+  cleanup: %s
+%s`, name, table, postgresExtra, stream, cleanup, spec),
 		"-n", namespace, "apply", "-f", "-")
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(func() {
