@@ -20,8 +20,9 @@ func LaunchPostgres(opts ...PostgresOption) (*PostgresServer, error) {
 type PostgresOption func(*pgServer)
 
 // WithPostgresListen makes the server listen on addr as well as on
-// 127.0.0.1, and admit clients of cidr that log in with a password (the
-// local cluster's pods, for the demo); loopback stays trusted.
+// 127.0.0.1, and admit clients of cidr that log in with a password, to a
+// database or for replication (the local cluster's pods, for the demo);
+// loopback stays trusted.
 func WithPostgresListen(addr, cidr string) PostgresOption {
 	return func(s *pgServer) {
 		s.listen = append(s.listen, addr)

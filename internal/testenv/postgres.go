@@ -255,12 +255,14 @@ func (s *pgServer) initdb() error {
 	if s.clients == "" {
 		return nil
 	}
-	// initdb trusts loopback only; the wider range must give a password.
+	// initdb trusts loopback only; the wider range must give a password,
+	// for a database and for a replication connection (a relay with source
+	// LogicalReplication), which "all" does not cover.
 	hba, err := os.OpenFile(filepath.Join(s.dataDir, "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(hba, "host all all %s scram-sha-256\n", s.clients)
+	_, err = fmt.Fprintf(hba, "host all all %[1]s scram-sha-256\nhost replication all %[1]s scram-sha-256\n", s.clients)
 	return errors.Join(err, hba.Close())
 }
 

@@ -433,6 +433,10 @@ spec:
 	// of its own (cleanup_mode_test.go).
 	cleanupModeScenarios()
 
+	// Issue 16: source LogicalReplication on an OutboxRelay, table and
+	// stream of its own, on the local cluster (replication_test.go).
+	replicationScenarios()
+
 	// The kubectl plugin (plugin_test.go): against the sample's relay, and an
 	// OutboxRelay, table and stream of its own for dead letters and replay.
 	pluginScenarios()
