@@ -148,14 +148,7 @@ func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int, d outb
 					errs <- err
 					return
 				}
-				now := time.Now()
-				var events []outbox.Event
-				if from, ok := frontier.Next(now); ok {
-					events, err = e.table.ClaimFrom(ctx, tx, d, batch, from)
-				} else {
-					events, err = e.table.Claim(ctx, tx, d, batch)
-				}
-				frontier.Claimed(events, batch, now)
+				events, err := e.table.ClaimNext(ctx, tx, d, batch, &frontier)
 				if err == nil {
 					err = tx.Commit(ctx)
 				}

@@ -272,7 +272,7 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 		switch {
 		case err != nil:
 			if frontier != nil {
-				frontier.Reset()
+				frontier.Reset() // the database may have ended transactions below it
 			}
 			p.tokens <- struct{}{}
 			failures := int(r.failures.Add(1))
@@ -447,16 +447,11 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 			return nil, err
 		}
 	}
-	var from time.Time
-	var fromFrontier bool
-	if frontier != nil {
-		from, fromFrontier = frontier.Next(b.start)
-	}
 	switch {
 	case r.cfg.Ordering == OrderingPerKey:
 		b.events, err = r.cfg.Table.ClaimKeyed(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize, r.cfg.Partitions, parts)
-	case fromFrontier:
-		b.events, err = r.cfg.Table.ClaimFrom(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize, from)
+	case frontier != nil:
+		b.events, err = r.cfg.Table.ClaimNext(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize, frontier)
 	default:
 		b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize)
 	}
@@ -465,9 +460,6 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 		return nil, fmt.Errorf("claiming batch: %w", err)
 	}
 	b.claimed = time.Now()
-	if frontier != nil {
-		frontier.Claimed(b.events, r.cfg.BatchSize, b.start)
-	}
 	if len(b.events) == 0 {
 		r.rollback(b) // nothing to keep; ends the transaction at once
 		// Nothing to publish: still make sure Redis answers, so that
