@@ -1,0 +1,226 @@
+//go:build faults
+
+package faults
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
+)
+
+// replicationSlot is the slot of the relays in TestReplication.
+const replicationSlot = "faults_slot"
+
+// TestReplication checks source LogicalReplication as processes: two relays
+// share one slot (one streams, the other stands by) and
+//   - the first is SIGKILLed in the middle of its catch-up, the table read
+//     that publishes the rows committed before the slot existed (here a
+//     prefilled table), so the standby takes the slot and does the catch-up
+//     again;
+//   - then the relay holding the slot is SIGKILLed again and again while a
+//     producer writes (every third kill is of the standby), and its Redis
+//     link is blackholed once, so a batch is XADDed and never confirmed.
+//
+// One producer connection writes with created_at DEFAULT clock_timestamp(),
+// so commit order is (created_at, id) order. Nothing may be lost, the first
+// occurrences must be in that order, duplicates stay within the catch-up
+// done twice and two batches per fault, and the slot's confirmed position
+// catches up once the stream is idle. It runs in the CI slice; the cleanup
+// mode does not apply (a slot's relay marks and deletes nothing).
+func TestReplication(t *testing.T) {
+	t.Parallel()
+	require.True(t, runHelpLists(t, "--source"), "this relay has no --source: it cannot stream from a slot")
+	prefill := sized(20000, 100000)
+	events := sized(6000, 30000) // written by the producer once the relays run
+	kills := sized(6, 20)
+	rate := sized(200.0, 400.0) // rows per second, one connection
+	const batchSize = 100
+
+	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
+	direct := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
+	stream := testenv.Name(t)
+	mustRelay(t, direct, "schema", "--apply")
+	conn := connect(t, pg.DSN())
+	mustExec(t, conn, `ALTER TABLE outbox_events ALTER COLUMN created_at SET DEFAULT clock_timestamp()`)
+	before := prefillRows(t, conn, prefill)
+	args := []string{"--stream", stream, "--source", "LogicalReplication", "--slot", replicationSlot,
+		"--batch-size", fmt.Sprint(batchSize), "--publish-timeout", "1s", "--poll-interval", "50ms"}
+
+	// Each relay reaches Redis through a proxy of its own, so that the
+	// holder's link alone can be slowed or fail.
+	proxies := map[*relayProc]*proxy{}
+	var all []*relayProc
+	n := 0
+	start := func() *relayProc {
+		n++
+		name := fmt.Sprintf("L%d", n)
+		x := startProxy(t, "redis-"+name, hostPort(t, rs.URL()))
+		env := direct
+		env.redisURL = withHost(t, rs.URL(), x.addr())
+		r := startRelay(t, name, env, args...)
+		proxies[r] = x
+		all = append(all, r)
+		return r
+	}
+	relays := []*relayProc{}
+	holder := func() (*relayProc, error) {
+		var pid *int
+		if err := conn.QueryRow(t.Context(),
+			`SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, replicationSlot).Scan(&pid); err != nil {
+			return nil, fmt.Errorf("reading slot %s: %w", replicationSlot, err)
+		}
+		if pid == nil {
+			return nil, errors.New("no relay streams from the slot")
+		}
+		for _, r := range relays {
+			if !r.exited() && slices.Contains(relayBackends(t, conn, r, pg.DSN()), *pid) {
+				return r, nil
+			}
+		}
+		return nil, fmt.Errorf("the slot's walsender %d is no live relay's", *pid)
+	}
+	remove := func(r *relayProc) { relays = slices.DeleteFunc(relays, func(x *relayProc) bool { return x == r }) }
+
+	// The catch-up: the first relay's Redis link is slowed so that its
+	// table read takes seconds, and it is killed once it has published a
+	// part of the prefilled rows, while the producer writes.
+	first := start()
+	relays = append(relays, first)
+	proxies[first].latency(t, 20*time.Millisecond)
+	prod := startProducers(t, producerConfig{
+		dsn: pg.DSN(), conns: 1, events: events, rate: rate, insert: insertInto("outbox_events"),
+	})
+	produceStart := time.Now()
+	eventually(t, time.Minute, "relay L1 streaming from the slot", func() error {
+		h, err := holder()
+		if err == nil && h != first {
+			err = fmt.Errorf("relay %s holds the slot", h.name)
+		}
+		return err
+	})
+	relays = append(relays, start()) // the standby
+	eventuallyEvery(t, 0, time.Minute, "relay L1 catching up", func() error {
+		if p := first.published(); p < batchSize {
+			return fmt.Errorf("published %.0f", p)
+		}
+		return nil
+	})
+	require.NotContains(t, first.out.String(), "Caught up", "relay L1 finished its catch-up before the kill")
+	caughtUpBeforeKill := first.published()
+	first.kill(t)
+	remove(first)
+	relays = append(relays, start())
+	var committedAtCatchUp int
+	eventually(t, 2*time.Minute, "the catch-up done again by the standby", func() error {
+		if countLog(all, "Caught up") == 0 {
+			return errors.New("no relay logged its catch-up")
+		}
+		committedAtCatchUp = prod.committedCount()
+		return nil
+	})
+
+	// The faults, spread over the production left: kills, and one Redis
+	// failure of the holder two thirds of the way.
+	plan := slices.Repeat([]string{"kill"}, kills)
+	plan = slices.Insert(plan, len(plan)*2/3, "fail")
+	left := time.Duration(float64(events)/rate*float64(time.Second)) - time.Since(produceStart)
+	every := max(left*8/10/time.Duration(len(plan)), 500*time.Millisecond)
+	faultsStart := time.Now()
+	var worstTakeover time.Duration
+	holderKills, faultsAfterProduction := 0, 0
+	for i, f := range plan {
+		sleepUntil(t.Context(), faultsStart.Add(time.Duration(i)*every+every/2))
+		if prod.committedCount() >= events {
+			faultsAfterProduction++
+		}
+		var h *relayProc
+		eventually(t, time.Minute, "a relay streaming", func() (err error) {
+			h, err = holder()
+			return err
+		})
+		switch f {
+		case "kill":
+			victim := h
+			if i%3 == 2 {
+				victim = relays[(slices.Index(relays, h)+1)%len(relays)]
+			}
+			victim.kill(t)
+			killed := time.Now()
+			remove(victim)
+			if victim == h {
+				holderKills++
+				eventually(t, time.Minute, "the standby streaming after the kill", func() error {
+					_, err := holder()
+					return err
+				})
+				worstTakeover = max(worstTakeover, time.Since(killed))
+			}
+			relays = append(relays, start())
+		case "fail":
+			errorsBefore := h.metric(`outbox_relay_errors_total{kind="redis"}`)
+			proxies[h].blackhole(t)
+			time.Sleep(2 * time.Second) // twice --publish-timeout
+			proxies[h].heal()
+			eventually(t, time.Minute, "the holder's failed batch counted", func() error {
+				if h.metric(`outbox_relay_errors_total{kind="redis"}`) <= errorsBefore {
+					return errors.New("no Redis error counted")
+				}
+				return nil
+			})
+		}
+	}
+	prod.wait(t)
+	committed := append(before, prod.committed()...)
+	rdb := redisClient(t, rs.URL())
+	var lsn string
+	drain := eventually(t, 2*time.Minute, "every committed row in the stream", func() error {
+		if r := checkStream(t, rdb, stream, committed); r.Lost > 0 {
+			return fmt.Errorf("%d not in the stream yet, e.g. %v", r.Lost, r.LostIDs)
+		}
+		return nil
+	})
+	require.NoError(t, conn.QueryRow(t.Context(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn))
+	eventually(t, time.Minute, "the slot's confirmed position past the last commit", func() error {
+		var past bool
+		err := conn.QueryRow(t.Context(), `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`,
+			replicationSlot, lsn).Scan(&past)
+		if err == nil && !past {
+			err = fmt.Errorf("confirmed position behind %s", lsn)
+		}
+		return err
+	})
+	for _, r := range relays {
+		r.stop(t, time.Minute)
+	}
+
+	r := CheckOrder(committed, streamEntries(t, rdb, stream), false)
+	bound := prefill + committedAtCatchUp + (kills+1)*2*batchSize
+	figures(t, r.Report(), kills+2, fmt.Sprintf(
+		"prefill=%d kills=%d holder_kills=%d failures=1 catch_up_published_before_kill=%.0f duplicate_bound=%d worst_takeover=%s faults_after_production=%d drain=%s",
+		prefill, kills+1, holderKills, caughtUpBeforeKill, bound, ms(worstTakeover), faultsAfterProduction, ms(drain)))
+	require.Equal(t, prefill+events, r.Committed)
+	require.Zero(t, r.Lost, "lost events, e.g. %v", r.LostIDs)
+	require.Zero(t, r.Unexpected, "stream entries no producer committed")
+	require.Zero(t, r.Reorderings, "first occurrences out of commit order, e.g. %v", r.Reordered)
+	require.LessOrEqual(t, r.Duplicates, bound, "duplicates beyond the catch-up done twice and two batches per fault")
+	require.Zero(t, countLog(all, "Replication slot invalidated"), "the slot was invalidated")
+	require.Zero(t, countLog(all, "panic:"), "a relay panicked")
+}
+
+// prefillRows commits n rows in one transaction and returns them.
+func prefillRows(t testing.TB, conn *pgx.Conn, n int) []Committed {
+	t.Helper()
+	sql, args := insertInto("outbox_events")(nil, n)
+	rows, err := conn.Query(t.Context(), sql, args...)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, scanCommitted)
+	require.NoError(t, err)
+	return out
+}
