@@ -116,20 +116,8 @@ func testOrderingStrict(t *testing.T, mode cleanupMode) {
 
 	// Each relay reaches Redis through a proxy of its own, so that the
 	// leader's link alone can fail.
-	proxies := map[*relayProc]*proxy{}
-	var all []*relayProc // every relay started, for the logs
-	n := 0
-	start := func() *relayProc {
-		n++
-		name := fmt.Sprintf("S%d", n)
-		x := startProxy(t, "redis-"+name, hostPort(t, rs.URL()))
-		env := direct
-		env.redisURL = withHost(t, rs.URL(), x.addr())
-		r := startRelay(t, name, env, args...)
-		proxies[r] = x
-		all = append(all, r)
-		return r
-	}
+	started := newProxiedRelays(t, direct, "S", args...)
+	start := started.start
 	relays := []*relayProc{start()}
 	leaderIndex := func() int {
 		owners := ownersOf(t, conn, pg.DSN(), relays)
@@ -227,7 +215,7 @@ func testOrderingStrict(t *testing.T, mode cleanupMode) {
 			handover = time.Since(stopped)
 		case "fail":
 			errorsBefore := leader.metric(`outbox_relay_errors_total{kind="redis"}`)
-			x := proxies[leader]
+			x := started.proxies[leader]
 			// Redis runs the leader's scripts, but its replies are lost: the
 			// batch was published and fails (a run of duplicates), and every
 			// batch claimed after it is rolled back unpublished. The last
@@ -262,7 +250,7 @@ func testOrderingStrict(t *testing.T, mode cleanupMode) {
 	faults := kills + 1 + failures
 	figures(t, r.Report(), faults, fmt.Sprintf(
 		"kills=%d leader_kills=%d leader_kills_holding_claim=%d rollouts=1 failures=%d worst_takeover=%s handover=%s fenced_refusals=%d faults_after_production=%d drain=%s",
-		kills, leaderKills, claimsHeld, failures, ms(worstTakeover), ms(handover), countLog(all, "FENCED"), faultsAfterProduction, ms(drain)))
+		kills, leaderKills, claimsHeld, failures, ms(worstTakeover), ms(handover), countLog(started.all, "FENCED"), faultsAfterProduction, ms(drain)))
 	require.Equal(t, events, r.Committed)
 	require.Zero(t, r.Lost, "lost events, e.g. %v", r.LostIDs)
 	require.Zero(t, r.Unexpected, "stream entries no producer committed")

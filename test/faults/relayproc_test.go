@@ -320,3 +320,32 @@ func tail(s string, n int) string {
 	}
 	return "...\n" + s[len(s)-n:]
 }
+
+// proxiedRelays starts relays named prefix1, prefix2, ..., each reaching
+// Redis through a proxy of its own, so that one relay's link alone can be
+// slowed or fail; all keeps every relay started, for the logs.
+type proxiedRelays struct {
+	t       testing.TB
+	env     relayEnv
+	prefix  string
+	args    []string
+	proxies map[*relayProc]*proxy
+	all     []*relayProc
+}
+
+func newProxiedRelays(t testing.TB, env relayEnv, prefix string, args ...string) *proxiedRelays {
+	return &proxiedRelays{t: t, env: env, prefix: prefix, args: args, proxies: map[*relayProc]*proxy{}}
+}
+
+// start starts the next relay and waits until it is healthy.
+func (p *proxiedRelays) start() *relayProc {
+	p.t.Helper()
+	name := fmt.Sprintf("%s%d", p.prefix, len(p.all)+1)
+	x := startProxy(p.t, "redis-"+name, hostPort(p.t, p.env.redisURL))
+	env := p.env
+	env.redisURL = withHost(p.t, p.env.redisURL, x.addr())
+	r := startRelay(p.t, name, env, p.args...)
+	p.proxies[r] = x
+	p.all = append(p.all, r)
+	return r
+}

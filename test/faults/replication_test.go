@@ -55,20 +55,8 @@ func TestReplication(t *testing.T) {
 
 	// Each relay reaches Redis through a proxy of its own, so that the
 	// holder's link alone can be slowed or fail.
-	proxies := map[*relayProc]*proxy{}
-	var all []*relayProc
-	n := 0
-	start := func() *relayProc {
-		n++
-		name := fmt.Sprintf("L%d", n)
-		x := startProxy(t, "redis-"+name, hostPort(t, rs.URL()))
-		env := direct
-		env.redisURL = withHost(t, rs.URL(), x.addr())
-		r := startRelay(t, name, env, args...)
-		proxies[r] = x
-		all = append(all, r)
-		return r
-	}
+	started := newProxiedRelays(t, direct, "L", args...)
+	start, proxies := started.start, started.proxies
 	relays := []*relayProc{}
 	holder := func() (*relayProc, error) {
 		var pid *int
@@ -119,7 +107,7 @@ func TestReplication(t *testing.T) {
 	relays = append(relays, start())
 	var committedAtCatchUp int
 	eventually(t, 2*time.Minute, "the catch-up done again by the standby", func() error {
-		if countLog(all, "Caught up") == 0 {
+		if countLog(started.all, "Caught up") == 0 {
 			return errors.New("no relay logged its catch-up")
 		}
 		committedAtCatchUp = prod.committedCount()
@@ -210,8 +198,8 @@ func TestReplication(t *testing.T) {
 	require.Zero(t, r.Unexpected, "stream entries no producer committed")
 	require.Zero(t, r.Reorderings, "first occurrences out of commit order, e.g. %v", r.Reordered)
 	require.LessOrEqual(t, r.Duplicates, bound, "duplicates beyond the catch-up done twice and two batches per fault")
-	require.Zero(t, countLog(all, "Replication slot invalidated"), "the slot was invalidated")
-	require.Zero(t, countLog(all, "panic:"), "a relay panicked")
+	require.Zero(t, countLog(started.all, "Replication slot invalidated"), "the slot was invalidated")
+	require.Zero(t, countLog(started.all, "panic:"), "a relay panicked")
 }
 
 // prefillRows commits n rows in one transaction and returns them.
