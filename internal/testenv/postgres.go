@@ -164,6 +164,18 @@ func (s *PostgresServer) Stop(t testing.TB) {
 	}
 }
 
+// Crash shuts the server down like pg_ctl stop -m immediate (SIGQUIT: no
+// checkpoint, crash recovery at the next Start) and returns once it has
+// exited. What only a checkpoint writes to disk, such as a replication
+// slot's confirmed position, goes back to its last checkpoint; WAL not yet
+// flushed (this server runs with synchronous_commit=off) is lost.
+func (s *PostgresServer) Crash(t testing.TB) {
+	t.Helper()
+	if err := s.srv.stopWith(syscall.SIGQUIT); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+}
+
 // Start starts a stopped server again, on the same port and data dir, and
 // returns once it accepts connections.
 func (s *PostgresServer) Start(t testing.TB) {
@@ -341,19 +353,23 @@ func (s *pgServer) waitReady(p *process, offset int64) error {
 }
 
 // stop shuts the server down like pg_ctl stop -m fast and waits for its exit.
-func (s *pgServer) stop() error {
+func (s *pgServer) stop() error { return s.stopWith(syscall.SIGINT) }
+
+// stopWith sends the postmaster sig (SIGINT: a fast shutdown, SIGQUIT: an
+// immediate one) and waits for its exit.
+func (s *pgServer) stopWith(sig syscall.Signal) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stopLocked()
+	return s.stopLocked(sig)
 }
 
-func (s *pgServer) stopLocked() error {
+func (s *pgServer) stopLocked(sig syscall.Signal) error {
 	if s.proc == nil {
 		return nil
 	}
 	p := s.proc
 	s.proc = nil
-	if err := p.stop(syscall.SIGINT, pgStopTimeout); err != nil {
+	if err := p.stop(sig, pgStopTimeout); err != nil {
 		return fmt.Errorf("stopping postgres on port %d: %w; log %s:\n%s", s.port, err, s.logPath, logTail(s.logPath, 0))
 	}
 	return nil
@@ -368,7 +384,7 @@ func (s *pgServer) close() error {
 	}
 	s.closed = true
 	defer unregister(s)
-	return errors.Join(s.stopLocked(), os.RemoveAll(s.dir))
+	return errors.Join(s.stopLocked(syscall.SIGINT), os.RemoveAll(s.dir))
 }
 
 // dsn returns the URL of database db on the server's loopback port.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
@@ -26,12 +27,16 @@ const replicationSlot = "faults_slot"
 //     again;
 //   - then the relay holding the slot is SIGKILLed again and again while a
 //     producer writes (every third kill is of the standby), and its Redis
-//     link is blackholed once, so a batch is XADDed and never confirmed.
+//     link is blackholed once, so a batch is XADDed and never confirmed;
+//   - then, once the stream holds every committed row, PostgreSQL is shut
+//     down immediately (SIGQUIT, no checkpoint) and started again, so the
+//     slot resumes from the position it last saved, and the producer writes
+//     more.
 //
 // One producer connection writes with created_at DEFAULT clock_timestamp(),
 // so commit order is (created_at, id) order. Nothing may be lost, the first
 // occurrences must be in that order, duplicates stay within the catch-up
-// done twice and two batches per fault, and the slot's confirmed position
+// done twice, two batches per fault and the crash's replay, and the slot's confirmed position
 // catches up once the stream is idle. It runs in the CI slice; the cleanup
 // mode does not apply (a slot's relay marks and deletes nothing).
 func TestReplication(t *testing.T) {
@@ -39,6 +44,7 @@ func TestReplication(t *testing.T) {
 	require.True(t, runHelpLists(t, "--source"), "this relay has no --source: it cannot stream from a slot")
 	prefill := sized(20000, 100000)
 	events := sized(6000, 30000) // written by the producer once the relays run
+	afterCrash := sized(1000, 5000)
 	kills := sized(6, 20)
 	rate := sized(200.0, 400.0) // rows per second, one connection
 	const batchSize = 100
@@ -167,13 +173,26 @@ func TestReplication(t *testing.T) {
 	prod.wait(t)
 	committed := append(before, prod.committed()...)
 	rdb := redisClient(t, rs.URL())
-	var lsn string
-	drain := eventually(t, 2*time.Minute, "every committed row in the stream", func() error {
-		if r := checkStream(t, rdb, stream, committed); r.Lost > 0 {
-			return fmt.Errorf("%d not in the stream yet, e.g. %v", r.Lost, r.LostIDs)
-		}
-		return nil
+	drain := waitStreamed(t, rdb, stream, committed)
+
+	// The crash: once every committed row is in the stream (so no commit
+	// is lost with the unflushed WAL of synchronous_commit=off), an
+	// immediate shutdown. The slot's confirmed position on disk is that of
+	// the last checkpoint or slot save, so the relays replay from there:
+	// duplicates, never a loss. Then a second producer run.
+	dupsBeforeCrash := checkStream(t, rdb, stream, committed).Duplicates
+	pg.Crash(t)
+	pg.Start(t)
+	conn = connect(t, pg.DSN())
+	prod = startProducers(t, producerConfig{
+		dsn: pg.DSN(), conns: 1, events: afterCrash, rate: rate, insert: insertInto("outbox_events"),
 	})
+	prod.wait(t)
+	committed = append(committed, prod.committed()...)
+	drain = max(drain, waitStreamed(t, rdb, stream, committed))
+	replayed := checkStream(t, rdb, stream, committed).Duplicates - dupsBeforeCrash
+
+	var lsn string
 	require.NoError(t, conn.QueryRow(t.Context(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn))
 	eventually(t, time.Minute, "the slot's confirmed position past the last commit", func() error {
 		var past bool
@@ -189,15 +208,17 @@ func TestReplication(t *testing.T) {
 	}
 
 	r := CheckOrder(committed, streamEntries(t, rdb, stream), false)
-	bound := prefill + committedAtCatchUp + (kills+1)*2*batchSize
-	figures(t, r.Report(), kills+2, fmt.Sprintf(
-		"prefill=%d kills=%d holder_kills=%d failures=1 catch_up_published_before_kill=%.0f duplicate_bound=%d worst_takeover=%s faults_after_production=%d drain=%s",
-		prefill, kills+1, holderKills, caughtUpBeforeKill, bound, ms(worstTakeover), faultsAfterProduction, ms(drain)))
-	require.Equal(t, prefill+events, r.Committed)
+	// The catch-up done twice, two batches per fault, and the crash's
+	// replay: at most every row streamed before it.
+	bound := prefill + committedAtCatchUp + (kills+1)*2*batchSize + prefill + events
+	figures(t, r.Report(), kills+3, fmt.Sprintf(
+		"prefill=%d kills=%d holder_kills=%d failures=1 crashes=1 catch_up_published_before_kill=%.0f replayed_after_crash=%d duplicate_bound=%d worst_takeover=%s faults_after_production=%d drain=%s",
+		prefill, kills+1, holderKills, caughtUpBeforeKill, replayed, bound, ms(worstTakeover), faultsAfterProduction, ms(drain)))
+	require.Equal(t, prefill+events+afterCrash, r.Committed)
 	require.Zero(t, r.Lost, "lost events, e.g. %v", r.LostIDs)
 	require.Zero(t, r.Unexpected, "stream entries no producer committed")
 	require.Zero(t, r.Reorderings, "first occurrences out of commit order, e.g. %v", r.Reordered)
-	require.LessOrEqual(t, r.Duplicates, bound, "duplicates beyond the catch-up done twice and two batches per fault")
+	require.LessOrEqual(t, r.Duplicates, bound, "duplicates beyond the catch-ups, two batches per fault and the crash's replay")
 	require.Zero(t, countLog(started.all, "Replication slot invalidated"), "the slot was invalidated")
 	require.Zero(t, countLog(started.all, "panic:"), "a relay panicked")
 }
@@ -211,4 +232,16 @@ func prefillRows(t testing.TB, conn *pgx.Conn, n int) []Committed {
 	out, err := pgx.CollectRows(rows, scanCommitted)
 	require.NoError(t, err)
 	return out
+}
+
+// waitStreamed waits until every committed row is in the stream and returns
+// how long that took.
+func waitStreamed(t testing.TB, rdb *redis.Client, stream string, committed []Committed) time.Duration {
+	t.Helper()
+	return eventually(t, 2*time.Minute, "every committed row in the stream", func() error {
+		if r := checkStream(t, rdb, stream, committed); r.Lost > 0 {
+			return fmt.Errorf("%d not in the stream yet, e.g. %v", r.Lost, r.LostIDs)
+		}
+		return nil
+	})
 }
