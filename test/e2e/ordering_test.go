@@ -311,7 +311,7 @@ func watchOwners(name string) (seen func() []string, stop func()) {
 	return func() []string {
 			mu.Lock()
 			defer mu.Unlock()
-			var ps []string
+			ps := make([]string, 0, len(all))
 			for p := range all {
 				ps = append(ps, p)
 			}
@@ -407,7 +407,8 @@ func orderingScenarios() {
 		// it saw; the assertions below rest on what was read directly.
 		leaders := seen()
 		epochAfter := fenceEpoch(stream, "0")
-		_, _ = fmt.Fprintf(GinkgoWriter, "Strict across a rollout: %s; rollout done at %s, drained at %s; leaders seen %v (first %s, now %v); fence epoch %d -> %d\n",
+		_, _ = fmt.Fprintf(GinkgoWriter,
+			"Strict across a rollout: %s; rollout done at %s, drained at %s; leaders seen %v (first %s, now %v); fence epoch %d -> %d\n",
 			rep, rolled.Round(time.Millisecond), drained.Round(time.Millisecond), leaders, firstLeader, finalLeader, epochBefore, epochAfter)
 		Expect(rep.missing).To(BeZero(), "every event delivered: %s", rep)
 		Expect(rep.unknown).To(BeZero(), "%s", rep)

@@ -67,12 +67,11 @@ func testBlackhole(t *testing.T, link string, mode cleanupMode) {
 		toxic = startProxy(t, "redis", hostPort(t, rs.URL()))
 		viaProxy.redisURL = withHost(t, rs.URL(), toxic.addr())
 	}
-	args := []string{"--stream", stream,
+	args := append([]string{"--stream", stream,
 		"--batch-size", strconv.Itoa(bhBatchSize), "--in-flight", strconv.Itoa(bhInFlight),
 		"--publish-timeout", bhPublish.String(), "--statement-timeout", bhStatement.String(),
 		"--lock-timeout", bhLockTimout.String(), "--idle-in-transaction-timeout", bhIdleInTx.String(),
-	}
-	args = append(args, mode.args(t)...)
+	}, mode.args(t)...)
 	a := startRelay(t, "A", viaProxy, args...)
 	b := startRelay(t, "B", direct, args...)
 	prod := startProducers(t, producerConfig{

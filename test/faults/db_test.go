@@ -75,7 +75,8 @@ func requireNothingLocked(t testing.TB, conn *pgx.Conn, table string) {
 	})
 	require.NoError(t, err, "SELECT ... FOR UPDATE NOWAIT over %s: a row is still locked", table)
 	var holders []string
-	rows, err := conn.Query(t.Context(), `SELECT DISTINCT a.pid::text || ' ' || coalesce(a.application_name, '') || ' ' || coalesce(a.state, '')
+	rows, err := conn.Query(t.Context(), `SELECT DISTINCT
+	a.pid::text || ' ' || coalesce(a.application_name, '') || ' ' || coalesce(a.state, '')
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.pid <> pg_backend_pid()
   AND l.relation IN (SELECT $1::regclass UNION ALL SELECT inhrelid FROM pg_inherits WHERE inhparent = $1::regclass)`, table)

@@ -42,8 +42,8 @@ FROM generate_series(1, $1) g
 RETURNING id::text, created_at`, rows)
 	mustExec(t, conn, `VACUUM ANALYZE outbox_events`)
 
-	args := []string{"--stream", stream, "--batch-size", strconv.Itoa(batchSize), "--in-flight", strconv.Itoa(inFlight)}
-	args = append(args, mode.args(t)...)
+	args := append([]string{"--stream", stream, "--batch-size", strconv.Itoa(batchSize), "--in-flight", strconv.Itoa(inFlight)},
+		mode.args(t)...)
 	a := startRelay(t, "A", env, args...)
 	b := startRelay(t, "B", env, args...)
 	eventually(t, time.Minute, "both relays publishing", func() error {

@@ -33,8 +33,8 @@ func testKills(t *testing.T, mode cleanupMode) {
 	stream := testenv.Name(t)
 	mustRelay(t, env, "schema", "--apply")
 	conn := connect(t, pg.DSN())
-	args := []string{"--stream", stream, "--batch-size", strconv.Itoa(batchSize), "--in-flight", strconv.Itoa(inFlight)}
-	args = append(args, mode.args(t)...)
+	args := append([]string{"--stream", stream, "--batch-size", strconv.Itoa(batchSize), "--in-flight", strconv.Itoa(inFlight)},
+		mode.args(t)...)
 
 	relays := [2]*relayProc{startRelay(t, "A", env, args...), startRelay(t, "B", env, args...)}
 	start := time.Now()

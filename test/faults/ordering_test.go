@@ -138,10 +138,10 @@ func testOrderingStrict(t *testing.T, mode cleanupMode) {
 
 	var prod *producers
 	// waitLeader waits until a relay leads and, while the producer writes,
-	// has published; it returns that relay and how long the wait took.
-	waitLeader := func(what string) (*relayProc, time.Duration) {
+	// has published; it returns that relay.
+	waitLeader := func(what string) *relayProc {
 		var leader *relayProc
-		took := eventually(t, time.Minute, what, func() error {
+		eventually(t, time.Minute, what, func() error {
 			i := leaderIndex()
 			if i < 0 {
 				return errors.New("no relay holds the leadership")
@@ -152,7 +152,7 @@ func testOrderingStrict(t *testing.T, mode cleanupMode) {
 			leader = relays[i]
 			return nil
 		})
-		return leader, took
+		return leader
 	}
 	remove := func(r *relayProc) { relays = slices.DeleteFunc(relays, func(x *relayProc) bool { return x == r }) }
 
@@ -180,7 +180,7 @@ func testOrderingStrict(t *testing.T, mode cleanupMode) {
 	kill := 0
 	for i, f := range plan {
 		sleepUntil(t.Context(), produceStart.Add(time.Duration(i)*every+every/2))
-		leader, _ := waitLeader("a leader publishing")
+		leader := waitLeader("a leader publishing")
 		if prod.committedCount() >= events {
 			faultsAfterProduction++
 		}
@@ -249,8 +249,10 @@ func testOrderingStrict(t *testing.T, mode cleanupMode) {
 	r := CheckOrder(prod.committed(), streamEntries(t, redisClient(t, rs.URL()), stream), false)
 	faults := kills + 1 + failures
 	figures(t, r.Report(), faults, fmt.Sprintf(
-		"kills=%d leader_kills=%d leader_kills_holding_claim=%d rollouts=1 failures=%d worst_takeover=%s handover=%s fenced_refusals=%d faults_after_production=%d drain=%s",
-		kills, leaderKills, claimsHeld, failures, ms(worstTakeover), ms(handover), countLog(started.all, "FENCED"), faultsAfterProduction, ms(drain)))
+		"kills=%d leader_kills=%d leader_kills_holding_claim=%d rollouts=1 failures=%d worst_takeover=%s handover=%s "+
+			"fenced_refusals=%d faults_after_production=%d drain=%s",
+		kills, leaderKills, claimsHeld, failures, ms(worstTakeover), ms(handover), countLog(started.all, "FENCED"),
+		faultsAfterProduction, ms(drain)))
 	require.Equal(t, events, r.Committed)
 	require.Zero(t, r.Lost, "lost events, e.g. %v", r.LostIDs)
 	require.Zero(t, r.Unexpected, "stream entries no producer committed")
@@ -336,7 +338,7 @@ func testOrderingPerKey(t *testing.T, mode cleanupMode) {
 
 	// The plan: 1 -> 4 relays, kills at 4, down to 2 (one SIGKILL, one
 	// SIGTERM), kills at 2; spread over the first 80% of the production.
-	var plan []string
+	plan := make([]string, 0, 2+killsAt4+killsAt2)
 	plan = append(plan, "up")
 	for range killsAt4 {
 		plan = append(plan, "kill")
@@ -347,7 +349,8 @@ func testOrderingPerKey(t *testing.T, mode cleanupMode) {
 	}
 	every := time.Duration(0.8 * float64(events) / rate / float64(len(plan)) * float64(time.Second))
 	var sigkills, claimsHeld int
-	counts := []string{"1"}
+	counts := make([]string, 1, 1+len(plan))
+	counts[0] = "1"
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	// publishing picks a running relay that has published, at random.
 	publishing := func() *relayProc {

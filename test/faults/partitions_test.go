@@ -130,8 +130,8 @@ func testPartitioned(t *testing.T, env relayEnv, l outboxLayout, mode cleanupMod
 		committed = append(committed, insertRows(t, conn, targetInsert(table, tg), perTarget)...)
 	}
 
-	args := []string{"--table", table, "--stream", stream, "--batch-size", strconv.Itoa(batchSize), "--in-flight", "2"}
-	args = append(args, mode.args(t)...)
+	args := append([]string{"--table", table, "--stream", stream, "--batch-size", strconv.Itoa(batchSize), "--in-flight", "2"},
+		mode.args(t)...)
 	a := startRelay(t, "A", env, args...)
 	b := startRelay(t, "B", env, args...)
 	cleanup := startCleanupLoop(t, env, table)

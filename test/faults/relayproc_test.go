@@ -171,7 +171,7 @@ func (p *relayProc) kill(t testing.TB) {
 
 // stop sends SIGTERM and requires a clean exit: the relay finishes or rolls
 // back the batches in flight, then exits 0.
-func (p *relayProc) stop(t testing.TB, timeout time.Duration) {
+func (p *relayProc) stop(t testing.TB, timeout time.Duration) { //nolint:unparam // a case may wait longer
 	t.Helper()
 	p.signal(t, syscall.SIGTERM)
 	require.NoError(t, p.wait(t, timeout), "relay %s after SIGTERM", p.name)

@@ -212,7 +212,8 @@ func TestReplication(t *testing.T) {
 	// replay: at most every row streamed before it.
 	bound := prefill + committedAtCatchUp + (kills+1)*2*batchSize + prefill + events
 	figures(t, r.Report(), kills+3, fmt.Sprintf(
-		"prefill=%d kills=%d holder_kills=%d failures=1 crashes=1 catch_up_published_before_kill=%.0f replayed_after_crash=%d duplicate_bound=%d worst_takeover=%s faults_after_production=%d drain=%s",
+		"prefill=%d kills=%d holder_kills=%d failures=1 crashes=1 catch_up_published_before_kill=%.0f "+
+			"replayed_after_crash=%d duplicate_bound=%d worst_takeover=%s faults_after_production=%d drain=%s",
 		prefill, kills+1, holderKills, caughtUpBeforeKill, replayed, bound, ms(worstTakeover), faultsAfterProduction, ms(drain)))
 	require.Equal(t, prefill+events+afterCrash, r.Committed)
 	require.Zero(t, r.Lost, "lost events, e.g. %v", r.LostIDs)

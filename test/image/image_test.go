@@ -124,7 +124,8 @@ func setup(t *testing.T, spec imageSpec) *testBundle {
 
 	imageID, err := output(t, "buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", img)
 	if err != nil {
-		testenv.Missing(t, "the image %s is not in buildah's storage (%v): build it with `make image-offline` (make test-image does it first)", img, err)
+		testenv.Missing(t, "the image %s is not in buildah's storage (%v): build it with `make image-offline` "+
+			"(make test-image does it first)", img, err)
 	}
 	if _, err := os.Stat(archive); err != nil {
 		testenv.Missing(t, "the OCI archive %s is missing (%v): build it with `make image-offline`", archive, err)
@@ -298,12 +299,13 @@ func runtimeSpec(rootfs, probe string, uid, gid int, env []string, cwd string, a
 	return map[string]any{
 		"ociVersion": "1.0.2",
 		"process": map[string]any{
-			"terminal":        false,
-			"user":            map[string]any{"uid": uid, "gid": gid},
-			"args":            args,
-			"env":             env,
-			"cwd":             cwd,
-			"capabilities":    map[string]any{"bounding": []string{}, "effective": []string{}, "permitted": []string{}, "inheritable": []string{}, "ambient": []string{}},
+			"terminal": false,
+			"user":     map[string]any{"uid": uid, "gid": gid},
+			"args":     args,
+			"env":      env,
+			"cwd":      cwd,
+			"capabilities": map[string]any{"bounding": []string{}, "effective": []string{}, "permitted": []string{},
+				"inheritable": []string{}, "ambient": []string{}},
 			"noNewPrivileges": true,
 		},
 		"root":     map[string]any{"path": rootfs, "readonly": true},

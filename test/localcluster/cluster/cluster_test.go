@@ -546,7 +546,7 @@ func netcheckArchive(t *testing.T, repo, dir string) string {
 }
 
 // requirePodSucceeded waits for the pod to succeed and for its log to hold want.
-func requirePodSucceeded(t *testing.T, cs kubernetes.Interface, ns, name, want string) {
+func requirePodSucceeded(t *testing.T, cs kubernetes.Interface, ns, name, want string) { //nolint:unparam // one namespace today
 	t.Helper()
 	testenv.EventuallyEvery(t, 250*time.Millisecond, 3*time.Minute, "pod "+name+" Succeeded", func() error {
 		p, err := cs.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
