@@ -115,6 +115,7 @@ func (r *Relay) republish(ctx context.Context, rdb redis.UniversalClient, page [
 	reasons := make([]string, len(page))
 	cmds := make([]*redis.StringCmd, len(page))
 	pipe := rdb.Pipeline()
+	add := map[string]*entries{} // by stream: a page may hold several
 	for i, d := range page {
 		e, reason := d.Event()
 		if reason == "" {
@@ -123,7 +124,10 @@ func (r *Relay) republish(ctx context.Context, rdb redis.UniversalClient, page [
 		if reasons[i] = reason; reason != "" {
 			continue
 		}
-		cmds[i] = pipe.XAdd(ctx, entryArgs(d.Stream, e.ID, e.Type, e.Payload, "", r.cfg.MaxLen))
+		if add[d.Stream] == nil {
+			add[d.Stream] = newEntries(d.Stream, r.cfg.MaxLen, len(page))
+		}
+		cmds[i] = add[d.Stream].add(ctx, pipe, e.ID, e.Type, e.Payload, "")
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx)

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -15,7 +16,8 @@ import (
 // publish, commit, in ms), beside events/s. With one batch in flight the
 // phases add up to the batch; with more, a batch's claim overlaps the
 // previous one's publish and commit, and "queued" is how long a claimed
-// batch waits for the publisher. Run with
+// batch waits for the publisher. allocs/event counts the process's heap
+// allocations while the relay drains. Run with
 // go test ./internal/relay/ -run '^$' -bench BenchmarkDrain -benchtime 3x.
 func BenchmarkDrain(b *testing.B) {
 	const rows, batch = 20000, 500
@@ -25,12 +27,15 @@ func BenchmarkDrain(b *testing.B) {
 			sums := map[string]float64{}
 			var batches float64
 			var drained time.Duration
+			var mallocs uint64
 			for b.Loop() {
 				b.StopTimer()
 				bundle.insertBulk(b, rows)
 				r := bundle.newRelay(b, Config{BatchSize: batch, InFlight: inFlight})
 				b.StartTimer()
 				start := time.Now()
+				var before, after runtime.MemStats
+				runtime.ReadMemStats(&before)
 				stop := runInBackground(b, r)
 				// The relay's own counter, not a count of the table: a query
 				// in a loop would take PostgreSQL's time from the claims.
@@ -39,6 +44,8 @@ func BenchmarkDrain(b *testing.B) {
 				}
 				drained += time.Since(start)
 				b.StopTimer()
+				runtime.ReadMemStats(&after)
+				mallocs += after.Mallocs - before.Mallocs
 				if err := stop(); err != nil {
 					b.Fatal(err)
 				}
@@ -52,6 +59,9 @@ func BenchmarkDrain(b *testing.B) {
 				b.StartTimer()
 			}
 			b.ReportMetric(float64(b.N*rows)/drained.Seconds(), "events/s")
+			// The whole process's heap allocations while the relay drained
+			// (claim, decode, publish, commit, metrics), per event.
+			b.ReportMetric(float64(mallocs)/float64(b.N*rows), "allocs/event")
 			for _, p := range batchPhases {
 				b.ReportMetric(sums[p]/batches*1000, p+"-ms/batch")
 			}

@@ -68,9 +68,10 @@ func (r *Relay) publish(ctx context.Context, events []outbox.Event, o *ownership
 		// XINFO STREAM before the XADDs: has the stream gone back in time
 		// since the last batch (streamloss.go)?
 		check := r.stream.queueCheck(ctx, pipe, r.cfg.Stream)
+		add := r.newEntries(r.cfg.Stream, len(events))
 		for i, e := range events {
 			if reasons[i] == "" {
-				cmds[i] = pipe.XAdd(ctx, r.xaddArgs(r.cfg.Stream, e.ID, e.Type, e.Payload, ""))
+				cmds[i] = add.add(ctx, pipe, e.ID, e.Type, e.Payload, "")
 			}
 		}
 		wait = r.queueWait(ctx, pipe)
@@ -101,17 +102,21 @@ func (r *Relay) publish(ctx context.Context, events []outbox.Event, o *ownership
 	}
 
 	pipe := r.rdb.Pipeline()
+	var deadEntries *entries
 	for i, e := range events {
 		if reasons[i] == "" {
 			published++
 			continue
+		}
+		if deadEntries == nil {
+			deadEntries = r.newEntries(r.cfg.DeadLetterStream, 1)
 		}
 		dead = append(dead, parked{event: e, reason: reasons[i]})
 		payload := e.Payload
 		if e.Malformed == "" {
 			payload = "" // too big, or refused by Redis: the parked copy keeps it
 		}
-		pipe.XAdd(ctx, r.xaddArgs(r.cfg.DeadLetterStream, e.ID, e.Type, payload, reasons[i]))
+		deadEntries.add(ctx, pipe, e.ID, e.Type, payload, reasons[i])
 	}
 	if pipe.Len() > 0 {
 		wait := r.queueWait(ctx, pipe)
@@ -245,26 +250,56 @@ func (f *refusals) forget(dead []parked) {
 	}
 }
 
-// xaddArgs builds one entry of the relay: to its stream, trimmed with
+// entries queues the XADDs of a batch to one stream on a pipeline, each
+// entry event_id, event_type, payload in that order (and error for dead
+// letters), trimmed approximately to maxLen when positive. These are the
+// arguments go-redis's XAdd would build from an XAddArgs, without its
+// per-entry argument structs: the entries share one argument slice, and the
+// stream's name and the MAXLEN are boxed once per batch. What is left per
+// event is its three strings boxed, the command and its reply
+// (BenchmarkPublish, docs/benchmarks.md).
+type entries struct {
+	stream any // boxed once
+	maxLen any // nil: not trimmed
+	args   []any
+}
+
+// entryArgs is the number of arguments of the longest entry.
+const entryArgs = 14
+
+// newEntries starts the entries of a batch of about n events to stream.
+func newEntries(stream string, maxLen int64, n int) *entries {
+	q := &entries{stream: stream, args: make([]any, 0, n*entryArgs)}
+	if maxLen > 0 {
+		q.maxLen = maxLen
+	}
+	return q
+}
+
+// newEntries starts the relay's entries: to its stream, trimmed with
 // MaxLen, or to the dead-letter stream, never trimmed.
-func (r *Relay) xaddArgs(stream, id, typ, payload, reason string) *redis.XAddArgs {
+func (r *Relay) newEntries(stream string, n int) *entries {
 	var maxLen int64
 	if stream == r.cfg.Stream {
 		maxLen = r.cfg.MaxLen
 	}
-	return entryArgs(stream, id, typ, payload, reason, maxLen)
+	return newEntries(stream, maxLen, n)
 }
 
-// entryArgs builds one entry: event_id, event_type, payload in that order,
-// and error for dead letters; trimmed approximately to maxLen when positive.
-func entryArgs(stream, id, typ, payload, reason string, maxLen int64) *redis.XAddArgs {
-	values := []any{FieldEventID, id, FieldEventType, typ, FieldPayload, payload}
+// add queues one entry on pipe; reason is set on dead letters only.
+func (q *entries) add(ctx context.Context, pipe redis.Pipeliner, id, typ, payload, reason string) *redis.StringCmd {
+	start := len(q.args)
+	q.args = append(q.args, "xadd", q.stream)
+	if q.maxLen != nil {
+		q.args = append(q.args, "maxlen", "~", q.maxLen)
+	}
+	q.args = append(q.args, "*", FieldEventID, id, FieldEventType, typ, FieldPayload, payload)
 	if reason != "" {
-		values = append(values, FieldError, reason)
+		q.args = append(q.args, FieldError, reason)
 	}
-	a := &redis.XAddArgs{Stream: stream, Values: values}
-	if maxLen > 0 {
-		a.MaxLen, a.Approx = maxLen, true
-	}
-	return a
+	// The full slice expression keeps the next entry's appends out of
+	// this command's arguments.
+	cmd := redis.NewStringCmd(ctx, q.args[start:len(q.args):len(q.args)]...)
+	_ = pipe.Process(ctx, cmd) // a pipeline only queues it
+	return cmd
 }

@@ -107,13 +107,14 @@ func (r *Relay) replayPage(ctx context.Context, rdb redis.UniversalClient, event
 	defer cancel()
 	bulk := r.bulkLimit.get(ctx, rdb)
 	pipe := rdb.Pipeline()
+	add := newEntries(r.cfg.Stream, 0, len(events))
 	var skipped int64
 	for _, e := range events {
 		if r.unpublishable(e, bulk) != "" {
 			skipped++
 			continue
 		}
-		pipe.XAdd(ctx, entryArgs(r.cfg.Stream, e.ID, e.Type, e.Payload, "", 0))
+		add.add(ctx, pipe, e.ID, e.Type, e.Payload, "")
 	}
 	if pipe.Len() == 0 {
 		return 0, skipped, nil
