@@ -74,9 +74,9 @@ func cleanupLabel(d outbox.Dispatch) string {
 func (r *report) printCleanup(b *strings.Builder) {
 	fmt.Fprintf(b, "Cleanup modes (--cleanup-mode): events/s draining %d rows with `relay run` (batch %d, %d in flight, median\n"+
 		"of runs, the modes alternating), against the raw claim rate of the same mode (PostgreSQL alone: that claim\n"+
-		"statement + commit, no Redis, on as many connections as relays) measured right before each run; latency from\n"+
-		"commit to the stream at %d events/s offered, polling alone, after a %s warm-up; PostgreSQL's CPU (postmaster\n"+
-		"and children, /proc) during the drain:\n\n", r.rows, cleanupBatch, relay.DefaultInFlight, r.rate, warmUp)
+		"statement + commit, no Redis, on as many connections as relays) measured right before and right after each\n"+
+		"run (the mean); latency from commit to the stream at %d events/s offered, polling alone, after a %s warm-up;\n"+
+		"PostgreSQL's CPU (postmaster and children, /proc) during the drain:\n\n", r.rows, cleanupBatch, relay.DefaultInFlight, r.rate, warmUp)
 	fmt.Fprintln(b, "| mode | processes | events/s | runs | raw claim rate (rows/s) | of raw | vs default | "+
 		"p50 | p99 | peak RSS (MiB) | PG CPU ms / 1k events |")
 	fmt.Fprintln(b, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -177,7 +177,7 @@ type throughputResult struct {
 	dispatch               outbox.Dispatch // the relays' --cleanup-mode
 	rate                   float64         // events/s from the first to the last XADD
 	rssMiB                 float64         // the largest peak RSS among the processes
-	raw                    float64         // raw claim rate of the same mode, measured just before (drain)
+	raw                    float64         // raw claim rate of the same mode, the mean of before and after (drain)
 	ofRaw                  float64         // rate / raw
 	pgCPUPer1k             float64         // PostgreSQL's CPU ms per 1,000 events drained; NaN: not measured
 	redisCPUPer1k          float64         // Redis's, the same way
@@ -221,12 +221,13 @@ func (e *benchEnv) drains(ctx context.Context, repeat, n, batch, procs, inFlight
 }
 
 // drain measures one configuration once: the raw claim rate of cleanup mode
-// d on as many connections as relay processes, then the relays draining as
-// many rows. The raw claim rate is measured right before each relay run so
-// that the fraction compares like with like on a machine whose load may
-// change during the run.
+// d on as many connections as relay processes, the relays draining as many
+// rows, and the raw claim rate again. The fraction divides by the mean of
+// the two raw rates, which bracket the relay run: on a machine whose speed
+// drifts by 10 to 20% within minutes (a shared virtual machine), a raw rate
+// from one side only makes the fraction drift with it.
 func (e *benchEnv) drain(ctx context.Context, n, batch, procs, inFlight int, d outbox.Dispatch) (throughputResult, error) {
-	raw, err := e.rawClaimRate(ctx, n, batch, procs, d)
+	before, err := e.rawClaimRate(ctx, n, batch, procs, d)
 	if err != nil {
 		return throughputResult{}, err
 	}
@@ -234,7 +235,12 @@ func (e *benchEnv) drain(ctx context.Context, n, batch, procs, inFlight int, d o
 	if err != nil {
 		return r, err
 	}
-	r.raw, r.ofRaw = raw, r.rate/raw
+	after, err := e.rawClaimRate(ctx, n, batch, procs, d)
+	if err != nil {
+		return r, err
+	}
+	r.raw = (before + after) / 2
+	r.ofRaw = r.rate / r.raw
 	return r, nil
 }
 

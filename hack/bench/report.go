@@ -88,8 +88,9 @@ func (r *report) printModes(b *strings.Builder) {
 
 func (r *report) printThroughput(b *strings.Builder) {
 	fmt.Fprintf(b, "Relay throughput, %d rows drained by `relay run` (median of runs; \"of raw\" compares with the raw claim rate\n"+
-		"measured right before each run with the same batch size, on as many connections as relay processes; CPU ms\n"+
-		"per 1,000 events from /proc: PostgreSQL's process tree, the Redis server, the relay processes from their start):\n\n", r.rows)
+		"with the same batch size, on as many connections as relay processes, measured right before and right after\n"+
+		"each run (the mean); CPU ms per 1,000 events from /proc: PostgreSQL's process tree, the Redis server, the\n"+
+		"relay processes from their start):\n\n", r.rows)
 	fmt.Fprintln(b, "| batch | processes | in flight | events/s | of raw claim rate | peak RSS (MiB) | "+
 		"CPU ms / 1k: PostgreSQL | Redis | relays |")
 	fmt.Fprintln(b, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
