@@ -224,6 +224,9 @@ func (p *process) stop(sig syscall.Signal, grace time.Duration) error {
 		return nil
 	}
 	_ = p.cmd.Process.Signal(sig)
+	// A process stopped by SIGSTOP (RedisServer.Freeze) acts on sig only
+	// once it runs again.
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
 	select {
 	case <-p.done:
 		return nil

@@ -75,6 +75,26 @@ func (s *RedisServer) Kill(t testing.TB) {
 	}
 }
 
+// Freeze sends SIGSTOP to the server: it keeps its connections open but
+// answers nothing, and as a replica acknowledges nothing, until Thaw (or the
+// test's cleanup, which stops it either way).
+func (s *RedisServer) Freeze(t testing.TB) { s.signal(t, syscall.SIGSTOP) }
+
+// Thaw sends SIGCONT to a server that Freeze stopped.
+func (s *RedisServer) Thaw(t testing.TB) { s.signal(t, syscall.SIGCONT) }
+
+func (s *RedisServer) signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	s.srv.mu.Lock()
+	defer s.srv.mu.Unlock()
+	if s.srv.proc == nil {
+		t.Fatalf("testenv: signal %v: the server is not running", sig)
+	}
+	if err := s.srv.proc.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("testenv: signal %v to pid %d: %v", sig, s.srv.proc.pid(), err)
+	}
+}
+
 // NewTestCA writes a throwaway CA and a server certificate for 127.0.0.1,
 // ::1 and localhost, signed by it, into a temp dir of the test (removed at
 // its end).
@@ -260,10 +280,16 @@ func (s *SentinelSet) settled(master string) string {
 	return ""
 }
 
-// RedisCluster is a Redis Cluster of masters only, each a redis-server
-// process of the test on loopback, with the 16384 slots split evenly.
+// RedisCluster is a Redis Cluster on loopback, each node a redis-server
+// process of the test, with the 16384 slots split evenly between the
+// masters.
 type RedisCluster struct {
+	// Nodes are the masters as started, Nodes[i] holding the i-th part of
+	// the slots.
 	Nodes []*RedisServer
+	// Replicas[i] are the replicas of Nodes[i] (none from
+	// StartRedisCluster).
+	Replicas [][]*RedisServer
 }
 
 // StartRedisCluster starts masters (at least 3) cluster nodes, assigns the
@@ -271,24 +297,38 @@ type RedisCluster struct {
 // every node reports cluster_state:ok.
 func StartRedisCluster(t testing.TB, masters int, opts ...RedisOption) *RedisCluster {
 	t.Helper()
+	return StartRedisClusterWithReplicas(t, masters, 0, opts...)
+}
+
+// StartRedisClusterWithReplicas starts a cluster as [StartRedisCluster]
+// does, plus replicas nodes per master (CLUSTER REPLICATE), and returns once
+// every node reports cluster_state:ok and every master has its replicas
+// online. opts apply to every node.
+func StartRedisClusterWithReplicas(t testing.TB, masters, replicas int, opts ...RedisOption) *RedisCluster {
+	t.Helper()
 	if masters < 3 {
 		t.Fatalf("testenv: a Redis Cluster needs at least 3 masters, not %d", masters)
 	}
-	c := &RedisCluster{}
-	busPorts := make([]int, masters)
-	for i := range masters {
+	c := &RedisCluster{Replicas: make([][]*RedisServer, masters)}
+	startNode := func() (*RedisServer, int) {
 		busPort, err := freePort()
 		if err != nil {
 			t.Fatal(err)
 		}
-		busPorts[i] = busPort
-		c.Nodes = append(c.Nodes, StartRedis(t, append(append([]RedisOption(nil), opts...), WithRedisArgs(
+		return StartRedis(t, append(append([]RedisOption(nil), opts...), WithRedisArgs(
 			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-port", strconv.Itoa(busPort), "--cluster-node-timeout", "2000"))...))
+			"--cluster-port", strconv.Itoa(busPort), "--cluster-node-timeout", "2000"))...), busPort
+	}
+	busPorts := make([]int, masters)
+	for i := range masters {
+		var n *RedisServer
+		n, busPorts[i] = startNode()
+		c.Nodes = append(c.Nodes, n)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), topologyTimeout)
 	defer cancel()
 	const slots = 16384
+	ids := make([]string, masters)
 	for i, n := range c.Nodes {
 		rc := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
 		first, last := i*slots/masters, (i+1)*slots/masters-1
@@ -299,14 +339,26 @@ func StartRedisCluster(t testing.TB, masters int, opts ...RedisOption) *RedisClu
 		if err == nil && i > 0 {
 			err = rc.Do(ctx, "CLUSTER", "MEET", "127.0.0.1", c.Nodes[0].Port(), busPorts[0]).Err()
 		}
+		if err == nil {
+			ids[i], err = rc.Do(ctx, "CLUSTER", "MYID").Text()
+		}
 		_ = rc.Close()
 		if err != nil {
 			t.Fatalf("testenv: setting up cluster node %s: %v", n.Addr(), err)
 		}
 	}
+	for i := range masters {
+		for range replicas {
+			n, _ := startNode()
+			c.Replicas[i] = append(c.Replicas[i], n)
+			if err := c.replicate(ctx, n, ids[i], busPorts[0]); err != nil {
+				t.Fatalf("testenv: making %s a replica of %s: %v", n.Addr(), c.Nodes[i].Addr(), err)
+			}
+		}
+	}
 	var why string
 	for ctx.Err() == nil {
-		if why = c.state(ctx, masters); why == "" {
+		if why = c.state(ctx, masters*(1+replicas), replicas); why == "" {
 			return c
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -315,19 +367,81 @@ func StartRedisCluster(t testing.TB, masters int, opts ...RedisOption) *RedisClu
 	return nil
 }
 
-func (c *RedisCluster) state(ctx context.Context, masters int) string {
-	for _, n := range c.Nodes {
+// replicate joins n to the cluster and makes it a replica of the master
+// with node id master, once n has learnt of that master.
+func (c *RedisCluster) replicate(ctx context.Context, n *RedisServer, master string, busPort int) error {
+	rc := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
+	defer func() { _ = rc.Close() }()
+	if err := rc.Do(ctx, "CLUSTER", "MEET", "127.0.0.1", c.Nodes[0].Port(), busPort).Err(); err != nil {
+		return err
+	}
+	for {
+		err := rc.Do(ctx, "CLUSTER", "REPLICATE", master).Err()
+		if err == nil {
+			return nil
+		}
+		if !strings.Contains(err.Error(), "Unknown node") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// state is "" once every node reports cluster_state:ok and knows all nodes,
+// and every master has replicas replicas online; else what is missing.
+func (c *RedisCluster) state(ctx context.Context, nodes, replicas int) string {
+	all := append([]*RedisServer(nil), c.Nodes...)
+	for _, rs := range c.Replicas {
+		all = append(all, rs...)
+	}
+	for _, n := range all {
 		rc := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
 		info, err := rc.ClusterInfo(ctx).Result()
 		_ = rc.Close()
 		if err != nil {
 			return err.Error()
 		}
-		if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(masters)) {
+		if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(nodes)) {
 			return n.Addr() + ": " + strings.Join(strings.Fields(info)[:3], " ")
 		}
 	}
+	for _, n := range c.Nodes {
+		rc := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
+		info, err := rc.Info(ctx, "replication").Result()
+		_ = rc.Close()
+		if err != nil {
+			return err.Error()
+		}
+		if strings.Count(info, "state=online") != replicas {
+			return fmt.Sprintf("master %s: not %d replicas online", n.Addr(), replicas)
+		}
+	}
 	return ""
+}
+
+// MasterOf returns the index in Nodes of the master that holds key's slot
+// as the slots were assigned (CLUSTER KEYSLOT; no failover since).
+func (c *RedisCluster) MasterOf(t testing.TB, key string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rc := redis.NewClient(&redis.Options{Addr: c.Nodes[0].Addr(), MaxRetries: -1})
+	defer func() { _ = rc.Close() }()
+	slot, err := rc.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		t.Fatalf("testenv: CLUSTER KEYSLOT %s: %v", key, err)
+	}
+	const slots = 16384
+	for i := range c.Nodes {
+		if int(slot) <= (i+1)*slots/len(c.Nodes)-1 {
+			return i
+		}
+	}
+	return len(c.Nodes) - 1
 }
 
 // URL is redis-cluster://127.0.0.1:<n1>?addr=<n2>&addr=<n3>....

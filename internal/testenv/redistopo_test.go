@@ -73,3 +73,46 @@ func TestTopologiesStopInCleanup(t *testing.T) {
 		require.True(t, before[d], "dir %s left behind", d)
 	}
 }
+
+// TestClusterWithReplicas: a cluster with a replica per master replicates a
+// write to the replica of its key's master; a frozen replica acknowledges
+// nothing (WAIT 1 times out with 0) until thawed; a frozen server is still
+// stopped, its dir removed, in the cleanup.
+func TestClusterWithReplicas(t *testing.T) {
+	var addrs []string
+	before := redisDirs(t)
+	t.Run("cluster", func(t *testing.T) {
+		c := testenv.StartRedisClusterWithReplicas(t, 3, 1)
+		require.Len(t, c.Replicas, 3)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		const key = "frozen"
+		i := c.MasterOf(t, key)
+		master := redis.NewClient(&redis.Options{Addr: c.Nodes[i].Addr()})
+		defer func() { _ = master.Close() }()
+		require.NoError(t, master.Set(ctx, key, "v", 0).Err())
+		require.Equal(t, int64(1), master.Do(ctx, "WAIT", 1, 5000).Val())
+
+		c.Replicas[i][0].Freeze(t)
+		require.NoError(t, master.Set(ctx, key, "w", 0).Err())
+		require.Equal(t, int64(0), master.Do(ctx, "WAIT", 1, 300).Val())
+		c.Replicas[i][0].Thaw(t)
+		require.Equal(t, int64(1), master.Do(ctx, "WAIT", 1, 5000).Val())
+
+		c.Replicas[(i+1)%3][0].Freeze(t) // stopped frozen in the cleanup
+		for _, n := range c.Nodes {
+			addrs = append(addrs, n.URL())
+		}
+		for _, rs := range c.Replicas {
+			require.Len(t, rs, 1)
+			addrs = append(addrs, rs[0].URL())
+		}
+	})
+	require.Len(t, addrs, 6)
+	for _, a := range addrs {
+		requireRefused(t, a)
+	}
+	for d := range redisDirs(t) {
+		require.True(t, before[d], "dir %s left behind", d)
+	}
+}
