@@ -385,7 +385,10 @@ func (o *ownership) publishFenced(ctx context.Context, epoch int64, events []out
 	// when asked, which counts exactly the script's writes.
 	// XINFO STREAM first, as the unfenced publish does: has the stream gone
 	// back in time since the last batch (streamloss.go)?
-	pipe := o.r.rdb.Pipeline()
+	pipe, err := o.r.pipelineFor(ctx, o.r.rdb, stream)
+	if err != nil {
+		return err
+	}
 	check := o.r.stream.queueCheck(ctx, pipe, stream)
 	script := fencedXAdd.Eval(ctx, pipe, []string{stream, FenceKey(stream)}, args...)
 	wait := o.r.queueWait(ctx, pipe)

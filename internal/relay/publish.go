@@ -64,7 +64,10 @@ func (r *Relay) publish(ctx context.Context, events []outbox.Event, o *ownership
 	if o != nil {
 		failed = o.publishFenced(ctx, epoch, events, reasons)
 	} else {
-		pipe := r.rdb.Pipeline()
+		pipe, err := r.pipelineFor(ctx, r.rdb, r.cfg.Stream)
+		if err != nil {
+			return 0, nil, &publishError{err}
+		}
 		// XINFO STREAM before the XADDs: has the stream gone back in time
 		// since the last batch (streamloss.go)?
 		check := r.stream.queueCheck(ctx, pipe, r.cfg.Stream)
@@ -101,7 +104,10 @@ func (r *Relay) publish(ctx context.Context, events []outbox.Event, o *ownership
 		return 0, nil, err
 	}
 
-	pipe := r.rdb.Pipeline()
+	pipe, err := r.pipelineFor(ctx, r.rdb, r.cfg.DeadLetterStream)
+	if err != nil {
+		return 0, nil, &publishError{err}
+	}
 	var deadEntries *entries
 	for i, e := range events {
 		if reasons[i] == "" {

@@ -106,7 +106,10 @@ func (r *Relay) replayPage(ctx context.Context, rdb redis.UniversalClient, event
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 	bulk := r.bulkLimit.get(ctx, rdb)
-	pipe := rdb.Pipeline()
+	pipe, err := r.pipelineFor(ctx, rdb, r.cfg.Stream)
+	if err != nil {
+		return 0, 0, &publishError{err}
+	}
 	add := newEntries(r.cfg.Stream, 0, len(events))
 	var skipped int64
 	for _, e := range events {

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-dev/outbox-operator/internal/redisconn"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -63,4 +64,85 @@ func TestWaitReplicas(t *testing.T) {
 
 	_, err = New(Config{Table: b.table, WaitReplicas: 1, WaitTimeout: time.Second, PublishTimeout: time.Second}, b.db, b.rdb)
 	require.ErrorContains(t, err, "wait timeout 1s must be below the publish timeout 1s")
+}
+
+// clusterWithReplicas starts a Redis Cluster of three masters with a
+// replica each and a bundle whose relay client is a cluster client, as
+// `relay run` builds it.
+func clusterWithReplicas(t *testing.T) (*testenv.RedisCluster, *testBundle, redis.UniversalClient) {
+	t.Helper()
+	c := testenv.StartRedisClusterWithReplicas(t, 3, 1)
+	b := setup(t, bundleOpts{})
+	rdb := deploymentClient(t, c.URL(), redisconn.Options{})
+	_, ok := rdb.(*redis.ClusterClient)
+	require.True(t, ok)
+	return c, b, rdb
+}
+
+// insertOversized writes one event whose payload is over 200 bytes.
+func (b *testBundle) insertOversized(t *testing.T) {
+	t.Helper()
+	_, err := b.db.Exec(context.Background(), `INSERT INTO outbox_events (event_type, payload)
+		VALUES ('too_big', '{"pad":"' || repeat('x', 300) || '"}')`)
+	require.NoError(t, err)
+}
+
+// TestWaitReplicasOnRedisCluster: on a Redis Cluster, WAIT must run on the
+// connection that wrote the batch, to the master of the stream's slot (of
+// the dead-letter stream's slot for parked rows). While the replica of that
+// master is frozen no batch commits, though the other masters' replicas
+// answer WAIT at once; once it is thawed everything is published.
+func TestWaitReplicasOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	c, b, rdb := clusterWithReplicas(t)
+	r := b.deploymentRelay(t, rdb, Config{BatchSize: 5, InFlight: 1, MaxPayloadBytes: 200,
+		WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond})
+	ctx := context.Background()
+
+	ids := b.insert(t, 10)
+	b.drain(t, r)
+	require.Zero(t, b.backlog(t))
+
+	// The stream's replica cannot acknowledge: nothing commits. Every
+	// pass runs one batch (InFlight 1); a WAIT sent to another master
+	// would let some of them through.
+	streamReplica := c.Replicas[c.MasterOf(t, b.stream)][0]
+	streamReplica.Freeze(t)
+	more := b.insert(t, 30)
+	for range 12 {
+		_, err := r.runOnce(ctx)
+		require.Error(t, err, "a batch committed while the replica of the stream's master could not acknowledge it")
+		require.Equal(t, ErrorKindRedisReplicas, errorKind(err), "%v", err)
+		require.Equal(t, int64(30), b.backlog(t), "nothing committed without the replica")
+	}
+	streamReplica.Thaw(t)
+	waitPassed(t, r, func() bool { return b.backlog(t) == 0 })
+	requireAtLeastOnce(t, streamEntries(t, rdb, b.stream), append(ids, more...))
+
+	// The same for a parked row and the dead-letter stream's replica (the
+	// dead-letter stream may hash to another master).
+	dead := b.stream + ".dead"
+	deadReplica := c.Replicas[c.MasterOf(t, dead)][0]
+	deadReplica.Freeze(t)
+	b.insertOversized(t)
+	for range 6 {
+		_, err := r.runOnce(ctx)
+		require.Error(t, err, "a parked row committed while the replica of the dead-letter stream's master could not acknowledge it")
+		require.Equal(t, ErrorKindRedisReplicas, errorKind(err), "%v", err)
+		require.Equal(t, int64(1), b.backlog(t))
+		require.Empty(t, b.deadLetters(t))
+	}
+	deadReplica.Thaw(t)
+	waitPassed(t, r, func() bool { return b.backlog(t) == 0 })
+	require.Len(t, b.deadLetters(t), 1)
+	require.NotEmpty(t, streamEntries(t, rdb, dead))
+}
+
+// waitPassed runs passes of r until done, allowing failed passes.
+func waitPassed(t *testing.T, r *Relay, done func() bool) {
+	t.Helper()
+	waitFor(t, "the relay to catch up", func() bool {
+		_, _ = r.runOnce(context.Background())
+		return done()
+	})
 }
