@@ -90,6 +90,21 @@ func streamFlags(r relayRun) []string {
 	return flags
 }
 
+// waitFlags are the OutboxRelay's spec.redis.waitReplicas and waitTimeout,
+// for the commands that publish (retry, replay): what they add is
+// acknowledged by as many replicas as the relays' batches.
+func waitFlags(r relayRun) []string {
+	red := &r.relay.Spec.Redis
+	if red.WaitReplicas <= 0 {
+		return nil
+	}
+	flags := []string{fmt.Sprintf("--wait-replicas=%d", red.WaitReplicas)}
+	if red.WaitTimeout != nil {
+		flags = append(flags, "--wait-timeout="+red.WaitTimeout.Duration.String())
+	}
+	return flags
+}
+
 // The values of -o: text (the default) and json on every command that prints
 // a result (the relay's --output); status also prints yaml.
 const (
@@ -210,6 +225,7 @@ parked with its new reason, and the command exits 1.`,
 				deadLetterFlags(true)(fs)
 				fs.Int("max-payload-bytes", 0, "larger payloads stay parked (default: the relay's, 16 MiB)")
 			},
+			fixedFlags: waitFlags,
 		}),
 		newRelayCommand(p, relayCommand{
 			use:   "discard",
@@ -244,6 +260,8 @@ twice only duplicates, and consumers dedupe on event_id.`,
 			fs.Int("batch-size", 0, "entries per pipeline (default: the relay's, 500)")
 			outputFlag(fs)
 		},
-		fixedFlags: func(r relayRun) []string { return []string{"--stream=" + r.relay.Spec.Redis.GetStream()} },
+		fixedFlags: func(r relayRun) []string {
+			return append([]string{"--stream=" + r.relay.Spec.Redis.GetStream()}, waitFlags(r)...)
+		},
 	})
 }

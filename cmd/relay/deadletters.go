@@ -137,16 +137,18 @@ func printDeadLetters(w io.Writer, rows []outbox.DeadLetter) error {
 
 func newDeadLettersRetryCommand(c *common) *cobra.Command {
 	var f deadLetterFlags
-	var maxPayload int
-	var publishTimeout time.Duration
+	var maxPayload, waitReplicas int
+	var publishTimeout, waitTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "retry",
 		Short: "Publish parked rows again, each to its stream, and remove those published",
 		Long: `Publish parked rows again, after the cause is fixed: an UPDATE of the parked copy
 (a NULL column), a larger --max-payload-bytes, or a Redis that accepts the entry.
 A row is removed from the dead-letter table by the commit that follows Redis's
-acknowledgement (at least once). A row that still cannot be published stays, with
-its new reason; the command then exits with status 1.`,
+acknowledgement (at least once); with --wait-replicas N only once N replicas
+acknowledged it too, as relay run does, so a failover cannot lose a row removed
+here. A row that still cannot be published stays, with its new reason; the
+command then exits with status 1.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			filter, err := f.filter(true)
@@ -155,6 +157,9 @@ its new reason; the command then exits with status 1.`,
 			}
 			if maxPayload < 1 || publishTimeout <= 0 {
 				return errors.New("--max-payload-bytes and --publish-timeout must be positive")
+			}
+			if waitReplicas < 0 || (waitReplicas > 0 && (waitTimeout <= 0 || waitTimeout >= publishTimeout)) {
+				return errors.New("--wait-replicas must not be negative, and --wait-timeout must be positive and below --publish-timeout")
 			}
 			redisURL, err := secretEnv(envRedisURL)
 			if err != nil {
@@ -168,6 +173,7 @@ its new reason; the command then exits with status 1.`,
 			return withPool(cmd.Context(), c, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
 				res, err := relay.Retry(ctx, t, db, rdb, relay.RetryOptions{
 					Filter: filter, MaxPayloadBytes: maxPayload, PublishTimeout: publishTimeout,
+					WaitReplicas: waitReplicas, WaitTimeout: waitTimeout,
 				})
 				if perr := printRetry(cmd.OutOrStdout(), f.output, res); err == nil {
 					err = perr
@@ -182,6 +188,9 @@ its new reason; the command then exits with status 1.`,
 	f.add(cmd, true)
 	cmd.Flags().IntVar(&maxPayload, "max-payload-bytes", relay.DefaultMaxPayloadBytes, "larger payloads stay parked")
 	cmd.Flags().DurationVar(&publishTimeout, "publish-timeout", relay.DefaultPublishTimeout, "deadline of each page's XADD pipeline")
+	cmd.Flags().IntVar(&waitReplicas, "wait-replicas", 0,
+		"WAIT for this many replicas to acknowledge each page before its rows are removed (as relay run's --wait-replicas); 0: no wait")
+	cmd.Flags().DurationVar(&waitTimeout, "wait-timeout", relay.DefaultWaitTimeout, "how long each page waits for --wait-replicas (below --publish-timeout)")
 	return cmd
 }
 

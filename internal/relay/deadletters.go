@@ -26,6 +26,12 @@ type RetryOptions struct {
 	PublishTimeout time.Duration
 	// MaxLen trims the stream approximately, as the relay does; 0 keeps all.
 	MaxLen int64
+	// WaitReplicas and WaitTimeout make each page WAIT for replicas before
+	// its rows are removed, as the relay does (--wait-replicas): fewer than
+	// WaitReplicas acknowledgements within WaitTimeout (default
+	// DefaultWaitTimeout) stop the retry and keep the page parked.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // RetryResult is what Retry did.
@@ -49,16 +55,19 @@ const retryPage = 100
 
 // Retry publishes parked rows again, each to the stream it was meant for,
 // in the order they were parked, a page per transaction: the rows are
-// locked, added to their streams in one pipeline, and removed from the
-// dead-letter table by the commit that follows the acknowledgements, so a
-// crash in between republishes (at least once) and never loses one. A row
+// locked, added to their streams in one pipeline (one per stream on a Redis
+// Cluster when waiting for replicas), and removed from the dead-letter table
+// by the commit that follows the acknowledgements (of WaitReplicas replicas
+// too, when set), so a crash or a failover in between republishes (at least
+// once) and never loses one. A row
 // that still cannot be published (a NULL column, a payload over the limit,
 // an entry Redis refuses) stays parked with its new reason; any other Redis
 // or PostgreSQL error stops the retry and is returned.
 func Retry(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis.UniversalClient, o RetryOptions) (RetryResult, error) {
 	o.MaxPayloadBytes = cmp.Or(o.MaxPayloadBytes, DefaultMaxPayloadBytes)
 	o.PublishTimeout = cmp.Or(o.PublishTimeout, DefaultPublishTimeout)
-	r := &Relay{cfg: Config{Table: table, MaxPayloadBytes: o.MaxPayloadBytes, PublishTimeout: o.PublishTimeout, MaxLen: o.MaxLen}}
+	r := &Relay{cfg: Config{Table: table, MaxPayloadBytes: o.MaxPayloadBytes, PublishTimeout: o.PublishTimeout, MaxLen: o.MaxLen,
+		WaitReplicas: o.WaitReplicas, WaitTimeout: cmp.Or(o.WaitTimeout, DefaultWaitTimeout)}}
 	res := RetryResult{Republished: []int64{}, Refused: []Refusal{}}
 	f := o.Filter
 	f.Limit = retryPage
@@ -108,14 +117,20 @@ func Retry(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis
 }
 
 // republish adds the publishable rows of a page to their streams and
-// returns, per row, why it was not published ("" when it was).
+// returns, per row, why it was not published ("" when it was). When the
+// relay waits for replicas each pipeline ends with WAIT; on a Redis Cluster
+// a page's streams may live on different masters, so each stream gets its
+// own pipeline on its master (pipelineFor), and its own WAIT.
 func (r *Relay) republish(ctx context.Context, rdb redis.UniversalClient, page []outbox.DeadLetter, bulk int64) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
+	_, perStream := rdb.(*redis.ClusterClient)
+	perStream = perStream && r.cfg.WaitReplicas > 0
 	reasons := make([]string, len(page))
 	cmds := make([]*redis.StringCmd, len(page))
-	pipe := rdb.Pipeline()
-	add := map[string]*entries{} // by stream: a page may hold several
+	var pipes []redis.Pipeliner
+	pipeOf := map[string]redis.Pipeliner{} // by stream, or "" for all
+	add := map[string]*entries{}           // by stream: a page may hold several
 	for i, d := range page {
 		e, reason := d.Event()
 		if reason == "" {
@@ -124,13 +139,28 @@ func (r *Relay) republish(ctx context.Context, rdb redis.UniversalClient, page [
 		if reasons[i] = reason; reason != "" {
 			continue
 		}
+		key := ""
+		if perStream {
+			key = d.Stream
+		}
+		pipe := pipeOf[key]
+		if pipe == nil {
+			var err error
+			if pipe, err = r.pipelineFor(ctx, rdb, d.Stream); err != nil {
+				return nil, &publishError{err}
+			}
+			pipeOf[key] = pipe
+			pipes = append(pipes, pipe)
+		}
 		if add[d.Stream] == nil {
 			add[d.Stream] = newEntries(d.Stream, r.cfg.MaxLen, len(page))
 		}
 		cmds[i] = add[d.Stream].add(ctx, pipe, e.ID, e.Type, e.Payload, "")
 	}
-	if pipe.Len() > 0 {
-		_, _ = pipe.Exec(ctx)
+	waits := make([]*redis.Cmd, len(pipes))
+	for i, pipe := range pipes {
+		waits[i] = r.queueWait(ctx, pipe)
+		_, _ = pipe.Exec(ctx) // each command carries its own error
 	}
 	for i, cmd := range cmds {
 		if cmd == nil || cmd.Err() == nil {
@@ -141,6 +171,11 @@ func (r *Relay) republish(ctx context.Context, rdb redis.UniversalClient, page [
 			continue
 		}
 		return nil, &publishError{fmt.Errorf("XADD %s dead letter %d: %w", page[i].Stream, page[i].ID, cmd.Err())}
+	}
+	for _, wait := range waits {
+		if err := r.checkWait(wait); err != nil {
+			return nil, err
+		}
 	}
 	return reasons, nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/internal/redisconn"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
@@ -145,4 +146,64 @@ func waitPassed(t *testing.T, r *Relay, done func() bool) {
 		_, _ = r.runOnce(context.Background())
 		return done()
 	})
+}
+
+// TestWaitReplicasOnRedisClusterFencedReplayRetry: the fenced script of the
+// ordered relays, `relay replay` and `relay dead-letters retry` wait for the
+// replica of the stream's master too, on a Redis Cluster (the stream is
+// hash-tagged so that its fence lives in its slot).
+func TestWaitReplicasOnRedisClusterFencedReplayRetry(t *testing.T) {
+	t.Parallel()
+	c, b, rdb := clusterWithReplicas(t)
+	b.stream = "{" + b.stream + "}"
+	replica := c.Replicas[c.MasterOf(t, b.stream)][0]
+	ctx := context.Background()
+	wait := 300 * time.Millisecond
+
+	// Rows to replay, and one parked row to retry, published without
+	// waiting while every replica is up.
+	ids := b.insert(t, 20)
+	b.insertOversized(t)
+	plain := b.deploymentRelay(t, rdb, Config{BatchSize: 50, MaxPayloadBytes: 200})
+	b.drain(t, plain)
+	require.Len(t, b.deadLetters(t), 1)
+
+	fenced := &ownership{r: b.deploymentRelay(t, rdb, Config{Ordering: OrderingStrict,
+		WaitReplicas: 1, WaitTimeout: wait})}
+	p0 := []outbox.Event{{ID: "fenced", Type: "t", Payload: "p", Partition: 0}}
+	replay := func() error {
+		_, err := Replay(ctx, b.table, b.db, rdb, ReplayOptions{Stream: b.stream, Since: time.Now().Add(-time.Hour),
+			Until: time.Now().Add(time.Minute), WaitReplicas: 1, WaitTimeout: wait})
+		return err
+	}
+	retry := func() error {
+		_, err := Retry(ctx, b.table, b.db, rdb, RetryOptions{Filter: outbox.DeadLetterFilter{}, WaitReplicas: 1, WaitTimeout: wait})
+		return err
+	}
+
+	replica.Freeze(t)
+	for range 6 {
+		var re *replicasError
+		require.ErrorAs(t, fenced.publishFenced(ctx, 1, p0, []string{""}), &re, "fenced publish")
+		err := replay()
+		require.Error(t, err, "replay")
+		require.Equal(t, ErrorKindRedisReplicas, errorKind(err), "%v", err)
+		err = retry()
+		require.Error(t, err, "dead-letters retry")
+		require.Equal(t, ErrorKindRedisReplicas, errorKind(err), "%v", err)
+		require.Len(t, b.deadLetters(t), 1, "the parked row stays until a replica has it")
+	}
+	replica.Thaw(t)
+	waitFor(t, "the fenced publish", func() bool { return fenced.publishFenced(ctx, 1, p0, []string{""}) == nil })
+	waitFor(t, "the replay", func() bool { return replay() == nil })
+	require.NoError(t, retry())
+	require.Empty(t, b.deadLetters(t))
+
+	entries := streamEntries(t, rdb, b.stream)
+	requireAtLeastOnce(t, entries, append(ids, "fenced"))
+	types := map[string]int{}
+	for _, e := range entries {
+		types[e[FieldEventType]]++
+	}
+	require.Positive(t, types["too_big"], "the retried row is in the stream")
 }
