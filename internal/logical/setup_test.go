@@ -129,3 +129,58 @@ func TestDropSlotReleasesAConnectedReader(t *testing.T) {
 	require.NoError(t, b.db.QueryRow(b.ctx, `SELECT count(*) FROM pg_publication`).Scan(&n))
 	require.Zero(t, n)
 }
+
+// TestUncoveredListsChildrenOutsideThePublication: inheritance children
+// created after the publication, or left out by FOR TABLE ONLY, are
+// listed (recursively) until added; partitions never are.
+func TestUncoveredListsChildrenOutsideThePublication(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testenv.Postgres(t), "", outbox.Columns{}, "")
+	ctx, db := b.ctx, b.db
+	none, err := Uncovered(ctx, db, b.opts)
+	require.NoError(t, err)
+	require.Empty(t, none)
+
+	_, err = db.Exec(ctx, `CREATE SCHEMA other;
+		CREATE TABLE outbox_c1 () INHERITS (outbox_events);
+		CREATE TABLE other.c2 () INHERITS (outbox_c1)`)
+	require.NoError(t, err)
+	children, err := Uncovered(ctx, db, b.opts)
+	require.NoError(t, err)
+	require.Equal(t, []Child{{"other", "c2"}, {"public", "outbox_c1"}}, children)
+	require.ErrorIs(t, UncoveredError(b.opts, children), ErrChildNotCovered)
+
+	// Inserts into c1 are not streamed until it is added.
+	r := b.open(t)
+	_, err = db.Exec(ctx, `INSERT INTO outbox_c1 (id, event_type, payload) VALUES ($1, 't', '{}')`, eventID(1))
+	require.NoError(t, err)
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, AddChildren(ctx, tx, b.opts, children))
+	require.NoError(t, tx.Commit(ctx))
+	_, err = db.Exec(ctx, `INSERT INTO other.c2 (id, event_type, payload) VALUES ($1, 't', '{}')`, eventID(2))
+	require.NoError(t, err)
+	events, _ := read(t, r, 1, 10)
+	require.Equal(t, eventIDs(2), ids(events), "only what was inserted after the add")
+	children, err = Uncovered(ctx, db, b.opts)
+	require.NoError(t, err)
+	require.Empty(t, children)
+
+	// A publication FOR TABLE ONLY leaves every child out; a partitioned
+	// table's partitions are covered through it.
+	_, err = db.Exec(ctx, `CREATE PUBLICATION pub_only FOR TABLE ONLY outbox_events;
+		CREATE TABLE parts (id uuid, event_type text, payload text, created_at timestamptz, dispatched_at timestamptz)
+			PARTITION BY RANGE (created_at);
+		CREATE TABLE parts_a PARTITION OF parts DEFAULT;
+		CREATE PUBLICATION pub_parts FOR TABLE parts WITH (publish_via_partition_root = true)`)
+	require.NoError(t, err)
+	o := b.opts
+	o.Publication = "pub_only"
+	children, err = Uncovered(ctx, db, o)
+	require.NoError(t, err)
+	require.Len(t, children, 2)
+	o.Table, o.Publication = outbox.MustNew("parts", outbox.Columns{}), "pub_parts"
+	children, err = Uncovered(ctx, db, o)
+	require.NoError(t, err)
+	require.Empty(t, children)
+}

@@ -22,8 +22,10 @@ const (
 	// createPublicationSQL (publication, table: quoted) publishes the
 	// table's inserts only: the relay has nothing to do with updates and
 	// deletes (the cleanup job's included). Without ONLY, an inheritance
-	// parent brings its children; a partitioned table brings its
-	// partitions, whose inserts arrive under each partition's own relation.
+	// parent brings the children it has now (those created later are
+	// added by the relay: children.go); a partitioned table brings its
+	// partitions, present and future, whose inserts arrive under each
+	// partition's own relation.
 	createPublicationSQL = `CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`
 
 	// publicationCoversSQL ($1 the publication, $2 the quoted table) says
@@ -38,6 +40,29 @@ const (
 	CROSS JOIN LATERAL (SELECT to_regclass(format('%I.%I', t.schemaname, t.tablename)) AS rel) AS pt
 	WHERE t.pubname = $1 AND to_regclass($2) IN (pt.rel, pg_partition_root(pt.rel))
 )`
+
+	// uncoveredSQL ($1 the publication, $2 the quoted table) lists the
+	// table's inheritance descendants, recursively, that the publication
+	// does not publish (pg_publication_tables resolves FOR TABLE, FOR
+	// TABLES IN SCHEMA and FOR ALL TABLES alike). Partitions are left out:
+	// a published partitioned table covers them (listed under the root with
+	// publish_via_partition_root), and inheritance cannot mix with them.
+	uncoveredSQL = `WITH RECURSIVE d(oid) AS (
+	SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($2)
+	UNION
+	SELECT i.inhrelid FROM pg_inherits i JOIN d ON i.inhparent = d.oid
+)
+SELECT n.nspname::text, c.relname::text
+FROM d JOIN pg_class c ON c.oid = d.oid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE NOT c.relispartition AND c.relkind <> 'p' AND NOT EXISTS (
+	SELECT 1 FROM pg_publication_tables t
+	WHERE t.pubname = $1 AND t.schemaname = n.nspname AND t.tablename = c.relname
+)
+ORDER BY 1, 2`
+
+	// addTablesSQL (publication: quoted; the tables: ONLY and quoted, comma
+	// separated) adds tables to a publication.
+	addTablesSQL = `ALTER PUBLICATION %s ADD TABLE %s`
 
 	// dropPublicationSQL (publication: quoted).
 	dropPublicationSQL = `DROP PUBLICATION IF EXISTS %s`
