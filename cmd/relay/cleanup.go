@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-dev/outbox-operator/internal/logical"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/internal/relay"
 )
@@ -36,6 +37,17 @@ func newCleanupCommand(c *common) *cobra.Command {
 			return withPool(cmd.Context(), c, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
 				start := time.Now()
 				if slot != "" {
+					// Rows of an inheritance child the publication does not
+					// list were never streamed: they stay until a relay adds
+					// the child and publishes them.
+					o := logical.Options{Table: t, Slot: slot}
+					children, err := logical.Uncovered(ctx, db, o)
+					if err != nil {
+						return err
+					}
+					if len(children) > 0 {
+						return fmt.Errorf("deleting nothing: %w", logical.UncoveredError(o, children))
+					}
 					n, cutoff, err := t.DeleteStreamed(ctx, db, slot, retention, margin, batchSize)
 					if cutoff.IsZero() {
 						return err

@@ -133,3 +133,31 @@ func TestCleanupOfStreamedRows(t *testing.T) {
 	require.NotContains(t, allRowIDs(t, db), old[0])
 	require.Len(t, allRowIDs(t, db), 1, "the row newer than the published commit stays")
 }
+
+// TestCleanupOfStreamedRowsRefusesWhileAChildIsNotPublished: rows of an
+// inheritance child missing from the publication were never streamed, so
+// cleanup --slot deletes nothing until a relay has added it.
+func TestCleanupOfStreamedRowsRefusesWhileAChildIsNotPublished(t *testing.T) {
+	t.Parallel()
+	dsn, db := freshDB(t)
+	env := relayEnv("DATABASE_URL=" + dsn)
+	insertRows(t, db, "old", 2, "")
+	_, err := db.Exec(t.Context(), `CREATE PUBLICATION outbox_events_pub FOR TABLE outbox_events WITH (publish = 'insert');
+		CREATE TABLE outbox_late () INHERITS (outbox_events);
+		INSERT INTO outbox_late (event_type, payload, created_at) VALUES ('late', '{}', now() - interval '3 hours')`)
+	require.NoError(t, err)
+	table := outbox.MustNew("", outbox.Columns{})
+	require.NoError(t, table.EnsureProgressTable(t.Context(), db))
+	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now().Add(-time.Hour), true))
+
+	res := execRelay(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
+	require.NotZero(t, res.code)
+	require.Contains(t, res.stderr, `"public"."outbox_late" of outbox_events not in publication outbox_events_pub`)
+	require.Contains(t, res.stderr, `ALTER PUBLICATION "outbox_events_pub" ADD TABLE ONLY "public"."outbox_late"`)
+	require.Len(t, allRowIDs(t, db), 3, "nothing deleted")
+
+	_, err = db.Exec(t.Context(), `ALTER PUBLICATION outbox_events_pub ADD TABLE ONLY outbox_late`)
+	require.NoError(t, err)
+	res = requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
+	require.Contains(t, res.stdout, "deleted 3 rows")
+}

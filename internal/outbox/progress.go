@@ -87,15 +87,111 @@ func (t *Table) RecordProgress(ctx context.Context, q Querier, slot string, last
 	return nil
 }
 
-// PendingSince returns up to limit rows not marked dispatched, created in
-// [since, until] (since nil: from the first), after the row (afterCreated,
-// afterID) when afterCreated is not nil, in the claim's order: a catch-up
-// reads the table in pages with it, and marks nothing.
-func (t *Table) PendingSince(ctx context.Context, q Querier, since *time.Time, until time.Time, afterCreated *time.Time,
-	afterID string, limit int) ([]Event, error) {
-	rows, err := q.Query(ctx, t.format(pendingSinceSQL), since, afterCreated, afterID, limit, until)
+// LocalTimeSkew is how much older than it is a row of a `timestamp without
+// time zone` created_at can look: such a column holds the wall time of the
+// writer's session TimeZone, which the relay reads as UTC, and zones run
+// from UTC-12 to UTC+14. A catch-up reaches back this much further, and
+// DeleteStreamed keeps this much more, for such a column.
+const LocalTimeSkew = 14 * time.Hour
+
+// CreatedAtIsLocal reports whether the created_at column is a `timestamp
+// without time zone`, whose values depend on the writer's TimeZone.
+func (t *Table) CreatedAtIsLocal(ctx context.Context, q Querier) (bool, error) {
+	var local bool
+	err := q.QueryRow(ctx, createdAtIsLocalSQL, t.qTable, t.columns.CreatedAt).Scan(&local)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, fmt.Errorf("%w: %s (or its column %s)", ErrTableNotFound, t, t.columns.CreatedAt)
+	}
 	if err != nil {
-		return nil, t.classify(err)
+		return false, t.classify(fmt.Errorf("reading the type of %s.%s: %w", t, t.columns.CreatedAt, err))
+	}
+	return local, nil
+}
+
+// CatchUpSince widens a catch-up's lower bound for the column's type: by
+// LocalTimeSkew for a `timestamp without time zone` created_at. nil stays
+// nil (every row).
+func (t *Table) CatchUpSince(ctx context.Context, q Querier, since *time.Time) (*time.Time, error) {
+	if since == nil {
+		return nil, nil
+	}
+	local, err := t.CreatedAtIsLocal(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	if !local {
+		return since, nil
+	}
+	s := since.Add(-LocalTimeSkew)
+	return &s, nil
+}
+
+// CatchUp reads, in one REPEATABLE READ snapshot, the rows not marked
+// dispatched created at or after since (nil: every row) or without
+// created_at, from the table and its children, and hands them to fn in
+// pages of at most limit, in the claim's order; it marks nothing. There is
+// no upper bound: a row committed after the snapshot is not read, so the
+// caller takes the snapshot once its slot streams (a row committed after
+// the slot's consistent point is then in the stream, one committed before
+// it in the snapshot). It returns the server's clock at the snapshot:
+// every row committed before it was read.
+//
+// The caller widens since for the column's type first (CatchUpSince).
+func (t *Table) CatchUp(ctx context.Context, db pgtx.Beginner, since *time.Time, limit int,
+	fn func([]Event) error) (snapshot time.Time, err error) {
+	err = pgtx.Run(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`); err != nil {
+			return fmt.Errorf("catching up: %w", err)
+		}
+		// The snapshot is taken by the transaction's first query: this one.
+		if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&snapshot); err != nil {
+			return fmt.Errorf("catching up: reading the server's clock: %w", err)
+		}
+		return t.readCatchUp(ctx, tx, t.qTable, since, limit, fn)
+	})
+	return snapshot, t.classify(err)
+}
+
+// CatchUpChild reads, in tx, every row of ONLY the child table (schema and
+// name as the catalog spells them; an inheritance child of the table) not
+// marked dispatched, and hands them to fn in pages of at most limit. The
+// caller holds a lock that keeps inserts out (relay: adding the child to
+// the publication).
+func (t *Table) CatchUpChild(ctx context.Context, tx pgx.Tx, schema, name string, limit int, fn func([]Event) error) error {
+	return t.classify(t.readCatchUp(ctx, tx, "ONLY "+pgx.Identifier{schema, name}.Sanitize(), nil, limit, fn))
+}
+
+// readCatchUp pages through declareCatchUpSQL of from in tx.
+func (t *Table) readCatchUp(ctx context.Context, tx pgx.Tx, from string, since *time.Time, limit int,
+	fn func([]Event) error) error {
+	if limit < 1 {
+		return fmt.Errorf("catching up in pages of %d rows: must be at least 1", limit)
+	}
+	if _, err := tx.Exec(ctx, t.format(declareCatchUpSQL, from), since); err != nil {
+		return fmt.Errorf("catching up: %w", err)
+	}
+	fetch := fmt.Sprintf(fetchCatchUpSQL, limit)
+	for {
+		page, err := t.scanEvents(tx.Query(ctx, fetch))
+		if err != nil {
+			return fmt.Errorf("catching up: %w", err)
+		}
+		if len(page) > 0 {
+			if err := fn(page); err != nil {
+				return err
+			}
+		}
+		if len(page) < limit {
+			_, err := tx.Exec(ctx, `CLOSE outbox_catch_up`)
+			return err
+		}
+	}
+}
+
+// scanEvents reads rows of (id, type, payload, created_at) into events.
+func (t *Table) scanEvents(rows pgx.Rows, err error) ([]Event, error) {
+	if err != nil {
+		return nil, err
 	}
 	defer rows.Close()
 	var events []Event
@@ -107,7 +203,7 @@ func (t *Table) PendingSince(ctx context.Context, q Querier, since *time.Time, u
 		}
 		events = append(events, newEvent(t.columns, id, typ, payload, created))
 	}
-	return events, t.classify(rows.Err())
+	return events, rows.Err()
 }
 
 // Now is the server's clock, which created_at defaults read.
@@ -153,7 +249,8 @@ var ErrNoProgress = errors.New("no published commit recorded for the slot")
 // than retention ago and more than margin before the slot's last published
 // commit (the cleanup by age of source LogicalReplication, whose rows are
 // never marked dispatched). The margin keeps what a catch-up after a lost
-// slot would read. It returns the rows deleted and the cutoff used.
+// slot would read; for a `timestamp without time zone` created_at it is
+// LocalTimeSkew longer, as the catch-up's reach. It returns the rows deleted and the cutoff used.
 func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, retention, margin time.Duration,
 	batchSize int) (int64, time.Time, error) {
 	p, ok, err := t.ReadProgress(ctx, q, slot)
@@ -166,6 +263,13 @@ func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, rete
 	now, err := Now(ctx, q)
 	if err != nil {
 		return 0, time.Time{}, err
+	}
+	local, err := t.CreatedAtIsLocal(ctx, q)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	if local {
+		margin += LocalTimeSkew // a row written west of UTC looks older than it is
 	}
 	cutoff := now.Add(-retention)
 	if c := p.LastCommit.Add(-margin); c.Before(cutoff) {

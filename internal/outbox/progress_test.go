@@ -51,14 +51,81 @@ func TestProgressAndBacklogSince(t *testing.T) {
 	require.EqualValues(t, 2, b.Count)
 	require.True(t, b.Capped)
 
-	// A catch-up's pages: [since, until], after the last row of a page.
+	// A catch-up's pages: from since, with no upper bound, and rows
+	// without created_at first.
+	_, err = db.Exec(ctx, `ALTER TABLE outbox_events ALTER COLUMN created_at DROP NOT NULL;
+		INSERT INTO outbox_events (event_type, payload, created_at) VALUES ('t', 'null', NULL), ('t', 'future', now() + interval '1 day')`)
+	require.NoError(t, err)
 	since := at(3)
-	page, err := tbl.PendingSince(ctx, db, &since, at(8), nil, "", 4)
+	var pages [][]string
+	snapshot, err := tbl.CatchUp(ctx, db, &since, 4, func(page []Event) error {
+		pages = append(pages, payloads(page))
+		return nil
+	})
 	require.NoError(t, err)
-	require.Equal(t, []string{"p3", "p4", "p5", "p6"}, payloads(page))
-	page, err = tbl.PendingSince(ctx, db, &since, at(8), &page[3].CreatedAt, page[3].ID, 4)
+	require.WithinDuration(t, time.Now(), snapshot, time.Minute)
+	require.Equal(t, [][]string{{"null", "p3", "p4", "p5"}, {"p6", "p7", "p8", "p9"}, {"p10", "future"}}, pages)
+}
+
+// TestCatchUpReadsOneSnapshot: a row committed while a catch-up pages
+// through the table is not read (the stream has it), and one committed
+// before is, whatever its created_at.
+func TestCatchUpReadsOneSnapshot(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, tbl.DDL(DDLOptions{})+`
+		INSERT INTO outbox_events (event_type, payload) SELECT 't', 'p' || g FROM generate_series(1, 5) g;`)
+	ctx := context.Background()
+	var got []string
+	_, err := tbl.CatchUp(ctx, db, nil, 2, func(page []Event) error {
+		got = append(got, payloads(page)...)
+		_, err := db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES ('t', 'late', '2000-01-01')`)
+		return err
+	})
 	require.NoError(t, err)
-	require.Equal(t, []string{"p7", "p8"}, payloads(page))
+	require.ElementsMatch(t, []string{"p1", "p2", "p3", "p4", "p5"}, got)
+}
+
+// TestCatchUpAndCleanupOfALocalTimeColumn: with a `timestamp without time
+// zone` created_at, written in a TimeZone west of UTC, rows look hours
+// older than they are: the catch-up reaches back LocalTimeSkew further,
+// and DeleteStreamed keeps them.
+func TestCatchUpAndCleanupOfALocalTimeColumn(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, `CREATE TABLE outbox_events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), event_type text NOT NULL,
+			payload text NOT NULL, created_at timestamp NOT NULL DEFAULT now(), dispatched_at timestamp);
+		BEGIN; SET LOCAL TimeZone = 'America/New_York';
+		INSERT INTO outbox_events (event_type, payload) VALUES ('t', 'new york');
+		COMMIT;`)
+	ctx := context.Background()
+	local, err := tbl.CreatedAtIsLocal(ctx, db)
+	require.NoError(t, err)
+	require.True(t, local)
+	now, err := Now(ctx, db)
+	require.NoError(t, err)
+	since, err := tbl.CatchUpSince(ctx, db, new(now.Add(-time.Minute)))
+	require.NoError(t, err)
+	require.True(t, since.Equal(now.Add(-time.Minute-LocalTimeSkew)))
+	var got []string
+	_, err = tbl.CatchUp(ctx, db, since, 10, func(page []Event) error {
+		got = append(got, payloads(page)...)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, []string{"new york"}, got)
+
+	require.NoError(t, tbl.EnsureProgressTable(ctx, db))
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, true))
+	n, _, err := tbl.DeleteStreamed(ctx, db, "s", time.Minute, time.Minute, 10)
+	require.NoError(t, err)
+	require.Zero(t, n, "written a minute ago in New York, the row looks 5 hours old: kept")
+
+	tz := MustNew("", Columns{})
+	db2 := connect(t, tz.DDL(DDLOptions{}))
+	local, err = tz.CreatedAtIsLocal(ctx, db2)
+	require.NoError(t, err)
+	require.False(t, local, "timestamptz")
 }
 
 // TestDeleteStreamed: the cleanup by age of a logical replication relay's

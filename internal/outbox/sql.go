@@ -293,15 +293,26 @@ ON CONFLICT (slot) DO UPDATE SET
 	catch_up_pending = %[14]s.catch_up_pending AND NOT $3,
 	updated_at = now()`
 
-	// pendingSinceSQL reads a page of the rows not marked dispatched,
-	// created in [$1, $5] ($1 NULL: from the first), after the row ($2, $3)
-	// (NULL: from the start), in the claim's order, at most $4.
-	pendingSinceSQL = `SELECT %[2]s::text, %[3]s::text, %[4]s::text, %[5]s::timestamptz FROM %[1]s
-WHERE %[6]s IS NULL
-	AND ($1::timestamptz IS NULL OR %[5]s >= $1) AND %[5]s <= $5
-	AND ($2::timestamptz IS NULL OR (%[5]s, %[2]s::text) > ($2, $3::text))
-ORDER BY %[5]s, %[2]s::text
-LIMIT $4`
+	// declareCatchUpSQL (with %[14]s what to read: the table, with its
+	// children, or ONLY one child) opens the cursor of a catch-up: the rows
+	// not marked dispatched created at or after $1 ($1 NULL: every row), and
+	// those without created_at, in the claim's order. It has no upper bound:
+	// the transaction's snapshot bounds it, and what commits later is in the
+	// slot's stream.
+	declareCatchUpSQL = `DECLARE outbox_catch_up NO SCROLL CURSOR FOR
+SELECT %[2]s::text, %[3]s::text, %[4]s::text, %[5]s::timestamptz FROM %[14]s
+WHERE %[6]s IS NULL AND ($1::timestamptz IS NULL OR %[5]s IS NULL OR %[5]s >= $1)
+ORDER BY %[5]s NULLS FIRST, %[2]s::text`
+
+	// fetchCatchUpSQL reads the next page of that cursor.
+	fetchCatchUpSQL = `FETCH FORWARD %d FROM outbox_catch_up`
+
+	// createdAtIsLocalSQL ($1 the quoted table, $2 the created_at column)
+	// says whether the column is a timestamp without time zone (or a domain
+	// over one), whose values are wall times in the writer's TimeZone.
+	createdAtIsLocalSQL = `SELECT coalesce(nullif(t.typbasetype, 0), t.oid) = 'timestamp'::regtype
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped`
 
 	// backlogSinceSQL (with %[14]s the progress table) counts at most $2
 	// rows created after slot $1's last commit, and finds the oldest.

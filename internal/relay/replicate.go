@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-dev/outbox-operator/internal/logical"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/pgtx"
 )
 
 // Source LogicalReplication: the relay reads the table's inserts from its
@@ -22,7 +25,8 @@ import (
 // cannot hold: a slot streams what is committed after its creation, so the
 // rows committed before the first slot (or in the gap of a slot that was
 // invalidated, or dropped and made again) are read from the table, from the
-// last recorded commit less CatchUpMargin, before the stream starts. It is
+// last recorded commit less CatchUpMargin, in one snapshot taken once the
+// slot streams to this relay, before the stream is read. It is
 // recorded as due before the slot is created and as done after its last
 // page, so a relay that stops in between does it again: duplicates, never a
 // loss.
@@ -73,25 +77,25 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Every row committed before the slot existed was created before now,
-	// on the server's clock (created_at is its transaction's start); rows
-	// created later are in the slot's stream.
-	until, err := outbox.Now(ctx, r.db)
-	if err != nil {
-		return err
-	}
 	reader, err := logical.Open(ctx, r.cfg.Replication, opts)
 	if err != nil {
 		return fmt.Errorf("streaming from slot %s: %w", r.cfg.Slot, err)
 	}
 	defer func() { _ = reader.Close(context.WithoutCancel(ctx)) }()
 	if catchUp {
-		// The slot holds this stream now, so no other relay streams while
-		// this one reads the table.
-		if err := r.catchUp(ctx, since, until, reader); err != nil {
+		// The slot streams to this relay now, which proves its creation
+		// finished: every transaction that commits after its consistent
+		// point is in the stream, and every one that committed before is in
+		// the snapshot the catch-up reads next. No other relay streams
+		// while this one reads the table.
+		if err := r.catchUp(ctx, since, reader); err != nil {
 			return err
 		}
 	}
+	if err := r.coverChildren(ctx, opts, reader); err != nil {
+		return err
+	}
+	lastCover := time.Now()
 	r.setErr(nil)
 	r.recovered()
 	var lastProgress time.Time
@@ -100,6 +104,12 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 		b, err := reader.Next(nctx, r.cfg.BatchSize, r.cfg.BusyPollInterval)
 		idle := nctx.Err() != nil
 		cancel()
+		if ctx.Err() == nil && time.Since(lastCover) >= max(r.cfg.PollInterval, minCoverEvery) {
+			if err := r.coverChildren(ctx, opts, reader); err != nil {
+				return err
+			}
+			lastCover = time.Now()
+		}
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -177,19 +187,18 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (since *t
 	return since, catchUp, nil
 }
 
-// catchUp publishes the rows not marked dispatched created in [since,
-// until], in pages, then records the catch-up done. It runs after the slot
-// exists, so every row committed later is in the slot's stream.
-func (r *Relay) catchUp(ctx context.Context, since *time.Time, until time.Time, reader *logical.Reader) error {
+// catchUp publishes the rows not marked dispatched created since since
+// (nil: every row; widened for a `timestamp` column) or without created_at,
+// read in one snapshot taken once the slot streams to this relay, then
+// records the catch-up done.
+func (r *Relay) catchUp(ctx context.Context, since *time.Time, reader *logical.Reader) error {
 	start := time.Now()
-	var afterCreated *time.Time
-	var afterID string
+	since, err := r.cfg.Table.CatchUpSince(ctx, r.db, since)
+	if err != nil {
+		return fmt.Errorf("catching up: %w", err)
+	}
 	total := 0
-	for {
-		page, err := r.cfg.Table.PendingSince(ctx, r.db, since, until, afterCreated, afterID, r.cfg.BatchSize)
-		if err != nil {
-			return fmt.Errorf("catching up: %w", err)
-		}
+	snapshot, err := r.cfg.Table.CatchUp(ctx, r.db, since, r.cfg.BatchSize, func(page []outbox.Event) error {
 		if err := r.publishStreamed(ctx, page, time.Now()); err != nil {
 			return err
 		}
@@ -197,17 +206,74 @@ func (r *Relay) catchUp(ctx context.Context, since *time.Time, until time.Time, 
 		if err := reader.KeepAlive(); err != nil {
 			return fmt.Errorf("holding slot %s while catching up: %w", r.cfg.Slot, err)
 		}
-		if len(page) < r.cfg.BatchSize {
-			break
-		}
-		last := page[len(page)-1]
-		afterCreated, afterID = &last.CreatedAt, last.ID
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	if err := r.cfg.Table.RecordProgress(ctx, r.db, r.cfg.Slot, until, true); err != nil {
+	if err := r.cfg.Table.RecordProgress(ctx, r.db, r.cfg.Slot, snapshot, true); err != nil {
 		return err
 	}
 	r.log.Info("Caught up from the table before streaming", "slot", r.cfg.Slot, "events", total,
 		"since", fmtTime(since), "took", time.Since(start).String())
+	return nil
+}
+
+// minCoverEvery bounds how often coverChildren runs while streaming.
+const minCoverEvery = time.Second
+
+// coverChildren adds the table's inheritance children that the publication
+// does not list (created after it, or left out by a publication FOR TABLE
+// ONLY) to the publication, and publishes the rows they hold: in one
+// transaction that first locks them against inserts (SHARE, which waits
+// for the transactions inserting into them to end), reads and publishes
+// their rows, and adds them, so every row of a child is either read here
+// or committed after the add, and streamed. A relay stopped in between
+// rolls everything back and does it again: duplicates, never a loss. A
+// child the relay's role cannot add is an error that says how to fix it.
+func (r *Relay) coverChildren(ctx context.Context, opts logical.Options, reader *logical.Reader) error {
+	children, err := logical.Uncovered(ctx, r.db, opts)
+	if err != nil || len(children) == 0 {
+		return err
+	}
+	start := time.Now()
+	total := 0
+	err = pgtx.Run(ctx, r.db, func(tx pgx.Tx) error {
+		for _, c := range children {
+			if _, err := tx.Exec(ctx, "LOCK TABLE ONLY "+c.String()+" IN SHARE MODE"); err != nil {
+				return fmt.Errorf("locking %s to add it to the publication: %w", c, err)
+			}
+		}
+		// Under the locks: another relay of the table may have added some.
+		children, err = logical.Uncovered(ctx, tx, opts)
+		if err != nil || len(children) == 0 {
+			return err
+		}
+		for _, c := range children {
+			err := r.cfg.Table.CatchUpChild(ctx, tx, c.Schema, c.Name, r.cfg.BatchSize, func(page []outbox.Event) error {
+				if err := r.publishStreamed(ctx, page, time.Now()); err != nil {
+					return err
+				}
+				total += len(page)
+				return reader.KeepAlive()
+			})
+			if err != nil {
+				return fmt.Errorf("publishing the rows of %s: %w", c, err)
+			}
+		}
+		return logical.AddChildren(ctx, tx, opts, children)
+	})
+	if err != nil {
+		return err
+	}
+	if len(children) > 0 {
+		names := make([]string, 0, len(children))
+		for _, c := range children {
+			names = append(names, c.String())
+		}
+		r.log.Info("Added inheritance children of the table to the publication and published their rows",
+			"slot", r.cfg.Slot, "children", names, "events", total, "took", time.Since(start).String())
+	}
 	return nil
 }
 
