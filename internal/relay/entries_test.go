@@ -26,7 +26,7 @@ func TestEntriesAreTheXAddsOfGoRedis(t *testing.T) {
 	for _, maxLen := range []int64{0, 1000} {
 		q := newEntries("orders", maxLen, 1) // room for one: the slice grows under the earlier commands
 		pipe := rdb.Pipeline()
-		var got []*redis.StringCmd
+		got := make([]*redis.StringCmd, 0, len(in))
 		for _, e := range in {
 			got = append(got, q.add(ctx, pipe, e.id, e.typ, e.payload, e.reason))
 		}
