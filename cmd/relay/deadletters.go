@@ -190,7 +190,8 @@ command then exits with status 1.`,
 	cmd.Flags().DurationVar(&publishTimeout, "publish-timeout", relay.DefaultPublishTimeout, "deadline of each page's XADD pipeline")
 	cmd.Flags().IntVar(&waitReplicas, "wait-replicas", 0,
 		"WAIT for this many replicas to acknowledge each page before its rows are removed (as relay run's --wait-replicas); 0: no wait")
-	cmd.Flags().DurationVar(&waitTimeout, "wait-timeout", relay.DefaultWaitTimeout, "how long each page waits for --wait-replicas (below --publish-timeout)")
+	cmd.Flags().DurationVar(&waitTimeout, "wait-timeout", relay.DefaultWaitTimeout,
+		"how long each page waits for --wait-replicas (below --publish-timeout)")
 	return cmd
 }
 
