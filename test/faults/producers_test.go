@@ -22,7 +22,7 @@ type insertFunc func(rng *rand.Rand, n int) (sql string, args []any)
 
 // insertInto inserts n small JSON events into table, with the table's
 // defaults for the id and created_at.
-func insertInto(table string) insertFunc { //nolint:unparam // every case writes the default table today; the name is the statement's
+func insertInto(table string) insertFunc {
 	sql := fmt.Sprintf(`INSERT INTO %s (event_type, payload)
 SELECT 'fault.test', json_build_object('n', g, 'pad', repeat('x', 64))::text FROM generate_series(1, $1) g
 RETURNING id::text, created_at`, pgx.Identifier{table}.Sanitize())
@@ -41,6 +41,9 @@ type producerConfig struct {
 	insertFor func(conn int) insertFunc
 	// maxRows bounds the rows of one transaction (1 to maxRows); 0 means 20.
 	maxRows int
+	// session, when set, is a statement run once on connection i before it
+	// writes (e.g. a SET TimeZone of that producer).
+	session func(conn int) string
 }
 
 // producers write outbox rows from several connections, 1 to 20 rows a
@@ -67,6 +70,10 @@ func startProducers(t testing.TB, cfg producerConfig) *producers {
 		conn, err := pgx.Connect(ctx, cfg.dsn)
 		require.NoError(t, err)
 		conns[i] = conn
+		if cfg.session != nil {
+			_, err := conn.Exec(ctx, cfg.session(i))
+			require.NoError(t, err, "producer %d: %s", i, cfg.session(i))
+		}
 	}
 	start := time.Now()
 	for i, conn := range conns {

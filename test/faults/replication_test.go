@@ -64,22 +64,7 @@ func TestReplication(t *testing.T) {
 	started := newProxiedRelays(t, direct, "L", args...)
 	start, proxies := started.start, started.proxies
 	relays := []*relayProc{}
-	holder := func() (*relayProc, error) {
-		var pid *int
-		if err := conn.QueryRow(t.Context(),
-			`SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, replicationSlot).Scan(&pid); err != nil {
-			return nil, fmt.Errorf("reading slot %s: %w", replicationSlot, err)
-		}
-		if pid == nil {
-			return nil, errors.New("no relay streams from the slot")
-		}
-		for _, r := range relays {
-			if !r.exited() && slices.Contains(relayBackends(t, conn, r, pg.DSN()), *pid) {
-				return r, nil
-			}
-		}
-		return nil, fmt.Errorf("the slot's walsender %d is no live relay's", *pid)
-	}
+	holder := func() (*relayProc, error) { return slotHolder(t, conn, pg.DSN(), relays) }
 	remove := func(r *relayProc) { relays = slices.DeleteFunc(relays, func(x *relayProc) bool { return x == r }) }
 
 	// The catch-up: the first relay's Redis link is slowed so that its
@@ -224,6 +209,26 @@ func TestReplication(t *testing.T) {
 	require.Zero(t, countLog(started.all, "panic:"), "a relay panicked")
 }
 
+// slotHolder returns the relay among relays whose session streams from
+// replicationSlot (the slot's active_pid), or why there is none.
+func slotHolder(t testing.TB, conn *pgx.Conn, dsn string, relays []*relayProc) (*relayProc, error) {
+	t.Helper()
+	var pid *int
+	if err := conn.QueryRow(t.Context(),
+		`SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, replicationSlot).Scan(&pid); err != nil {
+		return nil, fmt.Errorf("reading slot %s: %w", replicationSlot, err)
+	}
+	if pid == nil {
+		return nil, errors.New("no relay streams from the slot")
+	}
+	for _, r := range relays {
+		if !r.exited() && slices.Contains(relayBackends(t, conn, r, dsn), *pid) {
+			return r, nil
+		}
+	}
+	return nil, fmt.Errorf("the slot's walsender %d is no live relay's", *pid)
+}
+
 // prefillRows commits n rows in one transaction and returns them.
 func prefillRows(t testing.TB, conn *pgx.Conn, n int) []Committed {
 	t.Helper()
@@ -237,7 +242,7 @@ func prefillRows(t testing.TB, conn *pgx.Conn, n int) []Committed {
 
 // waitStreamed waits until every committed row is in the stream and returns
 // how long that took.
-func waitStreamed(t testing.TB, rdb *redis.Client, stream string, committed []Committed) time.Duration {
+func waitStreamed(t testing.TB, rdb redis.Cmdable, stream string, committed []Committed) time.Duration {
 	t.Helper()
 	return eventually(t, 2*time.Minute, "every committed row in the stream", func() error {
 		if r := checkStream(t, rdb, stream, committed); r.Lost > 0 {

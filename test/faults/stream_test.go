@@ -20,8 +20,10 @@ func redisClient(t testing.TB, url string) *redis.Client {
 }
 
 // streamEventIDs reads the whole stream with XRANGE, in pages of count
-// entries, and returns the event_id of every entry in stream order.
-func streamEventIDs(t testing.TB, rdb *redis.Client, stream string, count int64) []string {
+// entries, and returns the event_id of every entry in stream order. rdb is
+// a client of one server or of a cluster (which sends XRANGE to the master
+// of the stream's slot).
+func streamEventIDs(t testing.TB, rdb redis.Cmdable, stream string, count int64) []string {
 	t.Helper()
 	var ids []string
 	start := "-"
@@ -41,7 +43,7 @@ func streamEventIDs(t testing.TB, rdb *redis.Client, stream string, count int64)
 
 // checkStream runs the checker on the committed rows and the stream, read
 // in pages of 1000 entries.
-func checkStream(t testing.TB, rdb *redis.Client, stream string, committed []Committed) Report {
+func checkStream(t testing.TB, rdb redis.Cmdable, stream string, committed []Committed) Report {
 	t.Helper()
 	return Check(committed, streamEventIDs(t, rdb, stream, 1000))
 }
