@@ -7,8 +7,9 @@
 // Each case runs as subtests named by the relay's cleanup mode
 // (TestKills/AfterRetention, TestKills/OnDispatch): one piece of code judges
 // both, from the producers' record of what committed, since OnDispatch
-// deletes the rows it dispatches. TestReplication (source
-// LogicalReplication) runs once: a slot's relay marks and deletes nothing.
+// deletes the rows it dispatches. TestReplication and
+// TestReplicationChildren (source LogicalReplication) run once: a slot's
+// relay marks and deletes nothing.
 // The CI slice runs some cases in AfterRetention only (their OnDispatch
 // subtests exist at FAULTS_SCALE=full).
 //
