@@ -89,10 +89,9 @@ func TestReplicationChildren(t *testing.T) {
 	args := []string{"--stream", stream, "--source", "LogicalReplication", "--slot", replicationSlot,
 		"--batch-size", strconv.Itoa(batchSize), "--poll-interval", "50ms"}
 	var relays, all []*relayProc
-	start := func() *relayProc {
+	start := func() {
 		r := startRelay(t, fmt.Sprintf("C%d", len(all)+1), env, args...)
 		relays, all = append(relays, r), append(all, r)
-		return r
 	}
 	holder := func() (h *relayProc) {
 		eventually(t, time.Minute, "a relay streaming from the slot", func() (err error) {
