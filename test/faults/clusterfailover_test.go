@@ -20,7 +20,7 @@ import (
 // masters with a replica each) as processes: producers write while two
 // polling relays (`--batch-size 50 --in-flight 2 --wait-timeout 300ms`)
 // publish, and
-//   - the replica of the stream's master is frozen (SIGSTOP) for 2 s: no
+//   - the replica of the stream's master is frozen (SIGSTOP) for 3 s: no
 //     batch may commit meanwhile (WAIT must run on the stream master's
 //     connection; the other masters' replicas would answer at once), and
 //     every row goes through once it is thawed;
@@ -80,8 +80,9 @@ func testClusterFailover(t *testing.T, mode cleanupMode) {
 	production := time.Duration(float64(events) / rate * float64(time.Second))
 
 	// The freeze. A batch whose WAIT was answered before it commits within
-	// milliseconds (and one that waits gives up after 300ms); from then on
-	// nothing may commit until the thaw.
+	// milliseconds (and one that waits gives up after 300ms): from a second
+	// later (a margin for a loaded machine) nothing may commit until the
+	// thaw.
 	sleepUntil(t.Context(), start.Add(production/5))
 	require.Positive(t, published(), "nothing published before the freeze")
 	replicasErrs := func() float64 {
@@ -93,7 +94,7 @@ func testClusterFailover(t *testing.T, mode cleanupMode) {
 	}
 	errsBefore := replicasErrs()
 	replica.Freeze(t)
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(time.Second)
 	frozenPublished, frozenPending := published(), pendingNow()
 	time.Sleep(frozenFor)
 	committedWhileFrozen := published() - frozenPublished
