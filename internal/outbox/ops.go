@@ -160,32 +160,20 @@ func (t *Table) ClaimKeyed(ctx context.Context, tx Querier, d Dispatch, limit, p
 }
 
 // claim runs a claim statement and reads its rows; keyed ones end with the
-// key and the partition. The rows are scanned into values (pgtype.Text,
-// not *string), reused from row to row: a row costs its three strings and
-// nothing more, which matters on the claim's critical path (benchmarks.md).
+// key and the partition.
 func (t *Table) claim(ctx context.Context, tx Querier, sql string, keyed bool, limit int, args ...any) ([]Event, error) {
 	rows, err := tx.Query(ctx, sql, append([]any{limit}, args...)...)
 	if err != nil {
 		return nil, t.classify(err)
 	}
+	defer rows.Close()
 	events := make([]Event, 0, limit)
-	var id, typ, payload, key pgtype.Text
-	var created pgtype.Timestamptz
-	var partition int64
-	dest := []any{&id, &typ, &payload, &created}
-	if keyed {
-		dest = append(dest, &key, &partition)
-	}
+	s := newEventScanner(t.columns, keyed)
 	for rows.Next() {
-		if err := rows.Scan(dest...); err != nil {
-			rows.Close()
+		e, err := s.scan(rows)
+		if err != nil {
 			return nil, fmt.Errorf("scanning claimed row: %w", err)
 		}
-		e := newEvent(t.columns, textOrNil(&id), textOrNil(&typ), textOrNil(&payload), nil)
-		if created.Valid {
-			e.CreatedAt = created.Time
-		}
-		e.Key, e.Partition = key.String, int(partition)
 		events = append(events, e)
 	}
 	if err := rows.Err(); err != nil {
@@ -195,6 +183,42 @@ func (t *Table) claim(ctx context.Context, tx Querier, sql string, keyed bool, l
 		return nil, fmt.Errorf("claim returned %d rows for a batch of %d", len(events), limit)
 	}
 	return events, nil
+}
+
+// eventScanner reads rows of (id, type, payload, created_at), and for a
+// keyed claim (key, partition) after them, into Events: the claim, the
+// catch-up and the replay all read rows of that shape. Its values
+// (pgtype.Text, not *string) are reused from row to row, so a row costs its
+// three strings and nothing more, which matters on the claim's critical
+// path (benchmarks.md).
+type eventScanner struct {
+	columns               Columns
+	id, typ, payload, key pgtype.Text
+	created               pgtype.Timestamptz
+	partition             int64
+	dest                  []any
+}
+
+func newEventScanner(c Columns, keyed bool) *eventScanner {
+	s := &eventScanner{columns: c}
+	s.dest = []any{&s.id, &s.typ, &s.payload, &s.created}
+	if keyed {
+		s.dest = append(s.dest, &s.key, &s.partition)
+	}
+	return s
+}
+
+// scan reads the current row.
+func (s *eventScanner) scan(rows pgx.Rows) (Event, error) {
+	if err := rows.Scan(s.dest...); err != nil {
+		return Event{}, err
+	}
+	e := newEvent(s.columns, textOrNil(&s.id), textOrNil(&s.typ), textOrNil(&s.payload), nil)
+	if s.created.Valid {
+		e.CreatedAt = s.created.Time
+	}
+	e.Key, e.Partition = s.key.String, int(s.partition)
+	return e, nil
 }
 
 // textOrNil is a scanned text column as newEvent takes it: nil for NULL.

@@ -195,13 +195,13 @@ func (t *Table) scanEvents(rows pgx.Rows, err error) ([]Event, error) {
 	}
 	defer rows.Close()
 	var events []Event
+	s := newEventScanner(t.columns, false)
 	for rows.Next() {
-		var id, typ, payload *string
-		var created *time.Time
-		if err := rows.Scan(&id, &typ, &payload, &created); err != nil {
+		e, err := s.scan(rows)
+		if err != nil {
 			return nil, fmt.Errorf("scanning row: %w", err)
 		}
-		events = append(events, newEvent(t.columns, id, typ, payload, created))
+		events = append(events, e)
 	}
 	return events, rows.Err()
 }

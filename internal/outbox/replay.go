@@ -121,13 +121,13 @@ func (t *Table) Dispatched(ctx context.Context, q Querier, since, until time.Tim
 	}
 	defer rows.Close()
 	events := make([]Event, 0, page)
+	s := newEventScanner(t.columns, false)
 	for rows.Next() {
-		var id, typ, payload *string
-		var created *time.Time
-		if err := rows.Scan(&id, &typ, &payload, &created); err != nil {
+		e, err := s.scan(rows)
+		if err != nil {
 			return fmt.Errorf("scanning dispatched row: %w", err)
 		}
-		events = append(events, newEvent(t.columns, id, typ, payload, created))
+		events = append(events, e)
 		if len(events) == page {
 			if err := fn(events); err != nil {
 				return err
