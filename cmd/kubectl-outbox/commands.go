@@ -247,7 +247,9 @@ func newReplayCommand(p *plugin) *cobra.Command {
 		long: `Runs relay replay in a pod against the OutboxRelay's stream: the rows dispatched
 since --since (until --until, default now), or with --pending the windows of the stream
 resets the relays recorded (condition StreamIntact False). At least once: running it
-twice only duplicates, and consumers dedupe on event_id.`,
+twice only duplicates, and consumers dedupe on event_id. For an OutboxRelay of source
+LogicalReplication, which marks no row, the rows created in the window instead, and
+with --pending every row created before the resets' end that cleanup kept.`,
 		example: `  kubectl outbox replay orders --since 2026-12-01T10:00:00Z
   kubectl outbox replay orders --pending
   kubectl outbox replay orders --since 2026-12-01T10:00:00Z --until 2026-12-01T11:00:00Z -o json`,
@@ -260,8 +262,18 @@ twice only duplicates, and consumers dedupe on event_id.`,
 			fs.Int("batch-size", 0, "entries per pipeline (default: the relay's, 500)")
 			outputFlag(fs)
 		},
-		fixedFlags: func(r relayRun) []string {
-			return append([]string{"--stream=" + r.relay.Spec.Redis.GetStream()}, waitFlags(r)...)
-		},
+		fixedFlags: replayFlags,
 	})
+}
+
+// replayFlags are the flags of relay replay that come from the OutboxRelay:
+// its stream, the replicas to wait for, and for source LogicalReplication,
+// which marks no row dispatched, --source (the rows are selected by
+// created_at).
+func replayFlags(r relayRun) []string {
+	flags := append([]string{"--stream=" + r.relay.Spec.Redis.GetStream()}, waitFlags(r)...)
+	if r.relay.Spec.ReadsLogicalReplication() {
+		flags = append(flags, "--source="+string(r.relay.Spec.GetSource()))
+	}
+	return flags
 }

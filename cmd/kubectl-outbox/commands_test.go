@@ -19,3 +19,14 @@ func TestWaitFlags(t *testing.T) {
 	r.relay.Spec.Redis.WaitTimeout = &metav1.Duration{Duration: 1500 * time.Millisecond}
 	require.Equal(t, []string{"--wait-replicas=2", "--wait-timeout=1.5s"}, waitFlags(r))
 }
+
+// TestReplayFlags: replay goes to the OutboxRelay's stream, and for source
+// LogicalReplication, which marks no row dispatched, selects by created_at.
+func TestReplayFlags(t *testing.T) {
+	r := relayRun{relay: &v1alpha1.OutboxRelay{}}
+	r.relay.Spec.Redis.Stream = "orders"
+	require.Equal(t, []string{"--stream=orders"}, replayFlags(r))
+	r.relay.Spec.Source = v1alpha1.SourceLogicalReplication
+	r.relay.Spec.Redis.WaitReplicas = 1
+	require.Equal(t, []string{"--stream=orders", "--wait-replicas=1", "--source=LogicalReplication"}, replayFlags(r))
+}

@@ -24,6 +24,7 @@ type replayOptions struct {
 	waitReplicas     int
 	waitTimeout      time.Duration
 	maxPayloadBytes  int
+	source           string
 	output           string
 }
 
@@ -39,8 +40,14 @@ a stream reset (Redis restarted without persistence, was flushed, failed over to
 replica that lagged, or evicted the stream): the relay logs the window, exports it
 as metrics, records it in <table>_stream_resets and the operator shows it in the
 OutboxRelay's StreamIntact condition. --pending replays the union of the recorded
-resets' windows. The resets whose window the replay covered are marked replayed.
-The rows are read, never changed; running the same replay twice only duplicates.`,
+resets' windows. The resets whose window the replay covered are marked replayed,
+and the replay itself is recorded, so that a later reset covers its rows too.
+The rows are read, never changed; running the same replay twice only duplicates.
+
+Relays of --source LogicalReplication mark no row dispatched: give the same
+--source here, and the window bounds the rows' created_at instead; with --pending,
+every row created before the resets' end is republished (a row's event reaches the
+stream any time after its created_at), as far back as relay cleanup --slot kept.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runReplay(cmd, c, &o)
@@ -57,6 +64,8 @@ The rows are read, never changed; running the same replay twice only duplicates.
 	fs.IntVar(&o.waitReplicas, "wait-replicas", 0, "WAIT for this many replicas after each pipeline")
 	fs.DurationVar(&o.waitTimeout, "wait-timeout", relay.DefaultWaitTimeout, "how long each pipeline waits for --wait-replicas")
 	fs.IntVar(&o.maxPayloadBytes, "max-payload-bytes", relay.DefaultMaxPayloadBytes, "larger payloads are skipped (they were parked)")
+	fs.StringVar(&o.source, "source", string(relay.SourcePolling),
+		"the relays' --source: with LogicalReplication the rows are selected by created_at, not dispatched_at")
 	addOutputFlag(fs, &o.output)
 	return cmd
 }
@@ -77,6 +86,9 @@ func (o *replayOptions) validate() error {
 	}
 	if o.publishTimeout <= 0 || o.statementTimeout <= 0 || o.maxPayloadBytes < 1 {
 		errs = append(errs, errors.New("--publish-timeout, --statement-timeout and --max-payload-bytes must be positive"))
+	}
+	if _, err := relay.ParseSource(o.source); err != nil {
+		errs = append(errs, err)
 	}
 	if o.waitReplicas < 0 || (o.waitReplicas > 0 && (o.waitTimeout <= 0 || o.waitTimeout >= o.publishTimeout)) {
 		errs = append(errs, errors.New("--wait-replicas must not be negative, and --wait-timeout must be positive and below --publish-timeout"))
@@ -118,6 +130,8 @@ func runReplay(cmd *cobra.Command, c *common, o *replayOptions) error {
 	}
 	defer func() { _ = rdb.Close() }()
 	return withPoolTimeout(cmd.Context(), c, o.statementTimeout, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
+		source, _ := relay.ParseSource(o.source) // validated
+		created := source == relay.SourceLogicalReplication
 		var since, until time.Time
 		if o.pending {
 			p, err := t.PendingStreamResets(ctx, db, o.stream)
@@ -127,17 +141,22 @@ func runReplay(cmd *cobra.Command, c *common, o *replayOptions) error {
 			if p.Count == 0 {
 				return printReplay(cmd, o.output, relay.ReplayResult{}, "no stream reset of "+o.stream+" waits for a replay")
 			}
-			since, until = *p.WindowStart, p.WindowEnd.Add(time.Second)
+			since, until = relay.ReplayWindow(*p.WindowStart, *p.WindowEnd, created)
 		} else if since, until, err = o.window(); err != nil {
 			return err
 		}
 		res, err := relay.Replay(ctx, t, db, rdb, relay.ReplayOptions{
-			Stream: o.stream, Since: since, Until: until, BatchSize: o.batchSize,
+			Stream: o.stream, Since: since, Until: until, Created: created, BatchSize: o.batchSize,
 			PublishTimeout: o.publishTimeout, MaxPayloadBytes: o.maxPayloadBytes,
 			WaitReplicas: o.waitReplicas, WaitTimeout: o.waitTimeout,
 		})
-		msg := fmt.Sprintf("republished %d events dispatched from %s to %s to %s (%d skipped: parked rows); %d recorded resets marked replayed",
-			res.Republished, since.UTC().Format(time.RFC3339), until.UTC().Format(time.RFC3339), o.stream, res.Skipped, res.ResetsReplayed)
+		by := "dispatched"
+		if created {
+			by = "created"
+		}
+		msg := fmt.Sprintf("republished %d events %s from %s to %s to %s (%d skipped: parked rows); %d recorded resets marked replayed",
+			res.Republished, by, since.UTC().Format(time.RFC3339), until.UTC().Format(time.RFC3339), o.stream, res.Skipped,
+			res.ResetsReplayed)
 		if perr := printReplay(cmd, o.output, res, msg); err == nil {
 			err = perr
 		}

@@ -41,6 +41,13 @@ func streamResetMessage(stream string, st *relayState, from, to time.Time, n int
 	if st.table != nil && st.table.String() != "outbox_events" {
 		cmd += " --table=" + st.table.String()
 	}
+	if st.relay.Spec.ReadsLogicalReplication() {
+		// No row is marked dispatched: the replay selects by created_at.
+		cmd += " --source=" + string(v1alpha1.SourceLogicalReplication)
+		return fmt.Sprintf("stream %s lost entries (%d resets recorded): events the relays published from %s to %s may be missing; "+
+			"republish the rows created before then with `%s` (docs/operations.md)", stream, n,
+			from.UTC().Format(time.RFC3339), to.UTC().Format(time.RFC3339), cmd)
+	}
 	return fmt.Sprintf("stream %s lost entries (%d resets recorded): events of the rows dispatched from %s to %s may be missing; "+
 		"republish them with `%s` (docs/operations.md)", stream, n,
 		from.UTC().Format(time.RFC3339), to.UTC().Format(time.RFC3339), cmd)

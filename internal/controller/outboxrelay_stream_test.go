@@ -38,6 +38,14 @@ func TestStreamIntactCondition(t *testing.T) {
 	require.Contains(t, c.message, "no replay can republish them")
 	require.NotContains(t, c.message, "relay replay")
 
+	// LogicalReplication marks no row dispatched: the replay selects by created_at.
+	replicated := newState(withResets(&outbox.PendingResets{Count: 1, WindowStart: &from, WindowEnd: &to}))
+	replicated.relay.Spec.Source = v1alpha1.SourceLogicalReplication
+	c = streamIntactCondition(replicated)
+	require.Equal(t, metav1.ConditionFalse, c.status)
+	require.Contains(t, c.message, "relay replay --stream=jobs --pending --source=LogicalReplication")
+	require.Contains(t, c.message, "created before")
+
 	c = streamIntactCondition(newState(failed(backlog.CauseUnreachable, "down")))
 	require.Equal(t, metav1.ConditionUnknown, c.status)
 }

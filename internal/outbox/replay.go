@@ -54,10 +54,32 @@ func (t *Table) EnsureStreamResetsTable(ctx context.Context, db pgtx.Beginner) e
 	return nil
 }
 
-// RecordStreamReset records a reset.
-func (t *Table) RecordStreamReset(ctx context.Context, q Querier, r StreamReset) error {
-	if _, err := q.Exec(ctx, t.resets(recordStreamResetSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason); err != nil {
-		return fmt.Errorf("recording a stream reset in %s: %w", t.StreamResetsTable(), err)
+// RecordStreamReset records a reset and returns it as recorded: its window
+// reaches back to the start of the window of any replay of the stream done
+// since the reset's window began (a replay adds old rows' events anew, so
+// a reset that loses entries added since may lose theirs again).
+func (t *Table) RecordStreamReset(ctx context.Context, q Querier, r StreamReset) (StreamReset, error) {
+	err := q.QueryRow(ctx, t.resets(recordStreamResetSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason).Scan(&r.WindowStart)
+	if err != nil {
+		return r, fmt.Errorf("recording a stream reset in %s: %w", t.StreamResetsTable(), err)
+	}
+	r.WindowStart = r.WindowStart.UTC()
+	return r, nil
+}
+
+// RecordReplay records that the rows of window [since, until) of stream
+// were republished just now, as a reset already replayed: a reset found
+// later whose window began before now reaches back to since
+// (RecordStreamReset). A missing table means nothing to record: no relay
+// could record a reset in it either.
+func (t *Table) RecordReplay(ctx context.Context, q Querier, stream string, since, until time.Time, what string) error {
+	_, err := q.Exec(ctx, t.resets(recordReplaySQL), stream, since, until, what)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("recording a replay in %s: %w", t.StreamResetsTable(), err)
 	}
 	return nil
 }
@@ -112,10 +134,33 @@ func (t *Table) MarkStreamResetsReplayed(ctx context.Context, q Querier, stream 
 // bounded by a page; the rows are read from one snapshot, so cleanup
 // deleting them meanwhile changes nothing. fn's error stops the read.
 func (t *Table) Dispatched(ctx context.Context, q Querier, since, until time.Time, page int, fn func([]Event) error) error {
+	return t.readPages(ctx, q, t.format(dispatchedSQL), page, fn, since, until)
+}
+
+// Created is Dispatched by created_at instead: the rows created at or
+// after since and before until, and every row without a created_at, in the
+// same order and pages. They are what a relay of source LogicalReplication,
+// which marks no row dispatched, published in a window. For a `timestamp
+// without time zone` column the window widens by LocalTimeSkew on each
+// side: such a value is the writer's wall time, read as UTC.
+func (t *Table) Created(ctx context.Context, q Querier, since, until time.Time, page int, fn func([]Event) error) error {
+	local, err := t.CreatedAtIsLocal(ctx, q)
+	if err != nil {
+		return err
+	}
+	if local {
+		since, until = since.Add(-LocalTimeSkew), until.Add(LocalTimeSkew)
+	}
+	return t.readPages(ctx, q, t.format(createdSQL), page, fn, since, until)
+}
+
+// readPages runs a statement that reads (id, type, payload, created_at)
+// rows and hands them to fn in pages of at most page events.
+func (t *Table) readPages(ctx context.Context, q Querier, sql string, page int, fn func([]Event) error, args ...any) error {
 	if page < 1 {
 		return fmt.Errorf("page size %d: must be positive", page)
 	}
-	rows, err := q.Query(ctx, t.format(dispatchedSQL), since, until)
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return t.classify(err)
 	}
@@ -125,7 +170,7 @@ func (t *Table) Dispatched(ctx context.Context, q Querier, since, until time.Tim
 	for rows.Next() {
 		e, err := s.scan(rows)
 		if err != nil {
-			return fmt.Errorf("scanning dispatched row: %w", err)
+			return fmt.Errorf("scanning row: %w", err)
 		}
 		events = append(events, e)
 		if len(events) == page {

@@ -248,8 +248,19 @@ FOR UPDATE SKIP LOCKED`
 	replayed_at timestamptz NULL
 );`
 
-	// recordStreamResetSQL (with %[14]s the resets table) records one reset.
-	recordStreamResetSQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason) VALUES ($1, $2, $3, $4)`
+	// recordStreamResetSQL (with %[14]s the resets table) records one reset
+	// and returns the start of the window recorded. A replay of stream $1
+	// after $2 (a reset marked replayed, or a replay's own record) added the
+	// events of its window again then, inside the new window, while their
+	// rows' dispatched_at stayed where it was: so the new window reaches
+	// back to the start of that replay's window too.
+	recordStreamResetSQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason)
+SELECT $1, least($2::timestamptz, (SELECT min(window_start) FROM %[14]s WHERE stream = $1 AND replayed_at >= $2::timestamptz)), $3, $4
+RETURNING window_start`
+
+	// recordReplaySQL (with %[14]s the resets table) records a replay of
+	// stream $1 over [$2, $3), done now, for recordStreamResetSQL.
+	recordReplaySQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason, replayed_at) VALUES ($1, $2, $3, $4, now())`
 
 	// pendingStreamResetsSQL (with %[14]s the resets table) sums up the
 	// resets of stream $1 that no replay has covered yet: how many, the
@@ -269,6 +280,15 @@ WHERE stream = $1 AND replayed_at IS NULL AND window_start >= $2 AND window_end 
 	// is rare and bounded by the retention).
 	dispatchedSQL = `SELECT %[2]s::text, %[3]s::text, %[4]s::text, %[5]s::timestamptz FROM %[1]s
 WHERE %[6]s >= $1 AND %[6]s < $2
+ORDER BY %[5]s, %[2]s`
+
+	// createdSQL reads the rows created in [$1, $2), and those without a
+	// created_at, in the same order, for a replay of a relay of source
+	// LogicalReplication, which marks no row dispatched. One streamed
+	// statement too; the pending index does not serve it (it holds the
+	// rows not marked, which here are all of them), and a replay is rare.
+	createdSQL = `SELECT %[2]s::text, %[3]s::text, %[4]s::text, %[5]s::timestamptz FROM %[1]s
+WHERE (%[5]s >= $1 AND %[5]s < $2) OR %[5]s IS NULL
 ORDER BY %[5]s, %[2]s`
 
 	// progressDDL (with %[14]s the progress table) creates the table where

@@ -18,8 +18,14 @@ type ReplayOptions struct {
 	// Stream receives the events again; required.
 	Stream string
 	// Since and Until bound the dispatch times (dispatched_at) of the rows
-	// republished: Since <= dispatched_at < Until.
+	// republished: Since <= dispatched_at < Until; with Created, their
+	// created_at.
 	Since, Until time.Time
+	// Created selects the rows by created_at (Table.Created: rows without
+	// one too) instead of dispatched_at: for a relay of source
+	// LogicalReplication, which marks no row dispatched, so that a replay by
+	// dispatched_at would find nothing to republish.
+	Created bool
 	// BatchSize is the number of events per pipeline; default
 	// DefaultBatchSize.
 	BatchSize int
@@ -54,15 +60,17 @@ type ReplayResult struct {
 	ResetsReplayed int64 `json:"resetsReplayed"`
 }
 
-// Replay republishes the rows dispatched in [Since, Until) to the stream,
-// in (created_at, id) order, in pipelines of BatchSize entries, each
-// acknowledged by Redis (and WaitReplicas replicas) before the next is
-// sent: at least once, so consumers see duplicates of what they already
-// had, and dedupe them on event_id. The rows stay as they are. When every
-// page went out, the recorded stream resets of the stream whose window lies
-// within [Since, Until] are marked replayed. On an error, what was
-// republished so far is in the result; running the same replay again is
-// safe.
+// Replay republishes the rows dispatched (with Created: created) in
+// [Since, Until) to the stream, in (created_at, id) order, in pipelines of
+// BatchSize entries, each acknowledged by Redis (and WaitReplicas replicas)
+// before the next is sent: at least once, so consumers see duplicates of
+// what they already had, and dedupe them on event_id. The rows stay as
+// they are. When every page went out, the replay is recorded in the
+// stream-resets table (so that a later reset covers the rows it added
+// again, Table.RecordReplay), and the recorded stream resets of the stream
+// whose window lies within [Since, Until] are marked replayed. On an
+// error, what was republished so far is in the result; running the same
+// replay again is safe.
 func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis.UniversalClient, o ReplayOptions) (ReplayResult, error) {
 	var res ReplayResult
 	if o.Stream == "" {
@@ -77,7 +85,11 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 		PublishTimeout:  cmp.Or(o.PublishTimeout, DefaultPublishTimeout),
 		WaitReplicas:    o.WaitReplicas, WaitTimeout: cmp.Or(o.WaitTimeout, DefaultWaitTimeout),
 	}}
-	err := table.Dispatched(ctx, db, o.Since, o.Until, cmp.Or(o.BatchSize, DefaultBatchSize), func(events []outbox.Event) error {
+	read, by := table.Dispatched, "dispatched_at"
+	if o.Created {
+		read, by = table.Created, "created_at"
+	}
+	err := read(ctx, db, o.Since, o.Until, cmp.Or(o.BatchSize, DefaultBatchSize), func(events []outbox.Event) error {
 		n, skipped, err := r.replayPage(ctx, rdb, events)
 		res.Republished += n
 		res.Skipped += skipped
@@ -91,6 +103,11 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 	})
 	if err != nil {
 		return res, fmt.Errorf("replaying %s: %w", o.Stream, err)
+	}
+	if res.Republished > 0 {
+		if err := table.RecordReplay(ctx, db, o.Stream, o.Since, o.Until, "replayed: the rows of this window by "+by); err != nil {
+			return res, err
+		}
 	}
 	markSince := o.Since
 	if !o.MarkSince.IsZero() {

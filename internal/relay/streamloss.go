@@ -274,7 +274,7 @@ func (r *Relay) ensureStreamResetsTable(ctx context.Context) bool {
 func (r *Relay) recordResets(ctx context.Context) {
 	pending := r.stream.takePending()
 	for i, reset := range pending {
-		err := func() error {
+		recorded, err := func() (outbox.StreamReset, error) {
 			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
 			return r.cfg.Table.RecordStreamReset(ctx, r.db, reset)
@@ -285,20 +285,25 @@ func (r *Relay) recordResets(ctx context.Context) {
 			r.stream.requeue(pending[i:])
 			return
 		}
+		if recorded.WindowStart.Before(reset.WindowStart) {
+			r.log.Error("The stream reset's window reaches back to a replay made since it began, whose events it may have lost too",
+				"windowStart", recorded.WindowStart.Format(time.RFC3339))
+		}
 		if r.cfg.AutoReplay {
-			r.autoReplay(ctx, reset)
+			r.autoReplay(ctx, recorded)
 		}
 	}
 }
 
 // autoReplay republishes the rows dispatched in a reset's window, at most
-// AutoReplayMaxWindow back, and marks the reset replayed.
+// AutoReplayMaxWindow back, and marks the reset replayed. (Source
+// LogicalReplication marks no row dispatched and refuses AutoReplay:
+// `relay replay --source LogicalReplication` replays its resets.)
 func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
-	since := reset.WindowStart
+	since, until := ReplayWindow(reset.WindowStart, reset.WindowEnd, false)
 	if floor := time.Now().Add(-r.cfg.AutoReplayMaxWindow); since.Before(floor) {
 		since = floor
 	}
-	until := reset.WindowEnd.Add(time.Second)
 	res, err := Replay(ctx, r.cfg.Table, r.db, r.rdb, ReplayOptions{
 		Stream: r.cfg.Stream, Since: since, Until: until, BatchSize: r.cfg.BatchSize,
 		PublishTimeout: r.cfg.PublishTimeout, MaxPayloadBytes: r.cfg.MaxPayloadBytes,
@@ -314,6 +319,21 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	}
 	r.log.Info("Replayed the window of a stream reset", "since", since.Format(time.RFC3339),
 		"until", until.Format(time.RFC3339), "republished", res.Republished, "skipped", res.Skipped)
+}
+
+// ReplayWindow is the window of rows a replay of a stream reset's window
+// [start, end] republishes: the rows dispatched from start to end (end
+// included, to the second). A relay of source LogicalReplication (created)
+// marks no row dispatched, and a row's event reaches the stream any time
+// after the row's created_at (the relay's lag, which a catch-up makes
+// hours): every row created before the window's end, with no lower bound
+// but what cleanup (`relay cleanup --slot`, by its retention) has kept.
+func ReplayWindow(start, end time.Time, created bool) (since, until time.Time) {
+	since, until = start, end.Add(time.Second)
+	if created {
+		since = time.Unix(0, 0).UTC()
+	}
+	return since, until
 }
 
 // idMs is the millisecond part of a stream id, 0 if it has none.

@@ -213,3 +213,98 @@ func TestResetFoundAtShutdownIsRecorded(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(1), p.Count, "the reset recorded before Run returned")
 }
+
+// TestStreamResetOfALogicalReplicationRelay: a relay of source
+// LogicalReplication marks no row dispatched, so a replay of a reset's
+// window by dispatched_at finds nothing (and used to be what the operator
+// told users to run); replayed by created_at (`relay replay --pending
+// --source LogicalReplication`: ReplayWindow, Created) every event is back.
+func TestStreamResetOfALogicalReplicationRelay(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	before := b.insert(t, 30) // published by the catch-up
+	r := b.newRelay(t, b.replicating(t, Config{BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond}))
+	stop := runInBackground(t, r)
+	b.waitStream(t, before)
+	b.waitCaughtUp(t, "relay_test")
+	ids := append(before, b.insertNow(t, 20)...) // from the slot
+	b.waitStream(t, ids)
+
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	p := b.waitPendingReset(t)
+	require.NoError(t, stop())
+	res, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{
+		Stream: b.stream, Since: *p.WindowStart, Until: p.WindowEnd.Add(time.Second),
+	})
+	require.NoError(t, err)
+	require.Zero(t, res.Republished, "no row of this source is marked dispatched")
+	require.Equal(t, int64(1), res.ResetsReplayed, "a replay by dispatched_at covers the window all the same")
+
+	// The same reset, replayed as `relay replay --pending --source LogicalReplication` does.
+	_, err = b.db.Exec(ctx, `UPDATE `+b.table.StreamResetsTable()+` SET replayed_at = NULL`)
+	require.NoError(t, err)
+	since, until := ReplayWindow(*p.WindowStart, *p.WindowEnd, true)
+	res, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: until, Created: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(len(ids)), res.Republished)
+	require.Equal(t, int64(1), res.ResetsReplayed)
+	b.waitStream(t, ids)
+}
+
+// TestStreamResetAfterAReplayCoversTheReplayedRows: a replay adds the
+// events of old rows again at the time it runs, while their dispatched_at
+// stays old. A reset that loses the stream after that replay has a window
+// that begins at the replay, not at those rows: it reaches back to the
+// replay's window (recorded by the replay), so replaying it puts them back.
+func TestStreamResetAfterAReplayCoversTheReplayedRows(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond})
+	stop := runInBackground(t, r)
+	ids := b.insert(t, 20)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 20 })
+	// Dispatched ten minutes ago: out of reach of any window that begins now.
+	_, err := b.db.Exec(ctx, `UPDATE outbox_events SET dispatched_at = dispatched_at - interval '10 minutes'`)
+	require.NoError(t, err)
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	b.waitPendingReset(t)
+	since := time.Now().Add(-time.Hour)
+	res, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: time.Now()})
+	require.NoError(t, err)
+	require.Equal(t, int64(len(ids)), res.Republished)
+	require.Equal(t, int64(1), res.ResetsReplayed)
+	waitFor(t, "the relay saw the replayed stream", func() bool {
+		r.stream.mu.Lock()
+		defer r.stream.mu.Unlock()
+		return r.stream.known
+	})
+
+	require.NoError(t, b.rdb.FlushAll(ctx).Err()) // the replayed entries lost in turn
+	p := b.waitPendingReset(t)
+	require.NoError(t, stop())
+	require.False(t, p.WindowStart.After(since), "the window %s reaches back to the replay's, %s", p.WindowStart, since)
+	res, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: *p.WindowStart, Until: p.WindowEnd.Add(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, int64(len(ids)), res.Republished)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
+
+// waitPendingReset waits until one stream reset of the bundle's stream is
+// recorded and not replayed, and returns it.
+func (b *testBundle) waitPendingReset(t *testing.T) outbox.PendingResets {
+	t.Helper()
+	var p outbox.PendingResets
+	waitFor(t, "a stream reset recorded", func() bool {
+		var err error
+		p, err = b.table.PendingStreamResets(context.Background(), b.db, b.stream)
+		require.NoError(t, err)
+		return p.Count == 1
+	})
+	return p
+}

@@ -177,17 +177,7 @@ func TestReplication(t *testing.T) {
 	drain = max(drain, waitStreamed(t, rdb, stream, committed))
 	replayed := checkStream(t, rdb, stream, committed).Duplicates - dupsBeforeCrash
 
-	var lsn string
-	require.NoError(t, conn.QueryRow(t.Context(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn))
-	eventually(t, time.Minute, "the slot's confirmed position past the last commit", func() error {
-		var past bool
-		err := conn.QueryRow(t.Context(), `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`,
-			replicationSlot, lsn).Scan(&past)
-		if err == nil && !past {
-			err = fmt.Errorf("confirmed position behind %s", lsn)
-		}
-		return err
-	})
+	waitConfirmed(t, conn, replicationSlot, time.Minute)
 	for _, r := range relays {
 		r.stop(t, time.Minute)
 	}
@@ -207,6 +197,24 @@ func TestReplication(t *testing.T) {
 	require.LessOrEqual(t, r.Duplicates, bound, "duplicates beyond the catch-ups, two batches per fault and the crash's replay")
 	require.Zero(t, countLog(started.all, "Replication slot invalidated"), "the slot was invalidated")
 	require.Zero(t, countLog(started.all, "panic:"), "a relay panicked")
+}
+
+// waitConfirmed waits until slot's confirmed position is past every commit
+// made so far: the relays of the slot have published them all (a relay of
+// source LogicalReplication marks no row, so waitDrained cannot tell).
+func waitConfirmed(t testing.TB, conn *pgx.Conn, slot string, timeout time.Duration) {
+	t.Helper()
+	var lsn string
+	require.NoError(t, conn.QueryRow(t.Context(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn))
+	eventually(t, timeout, "the slot's confirmed position past the last commit", func() error {
+		var past bool
+		err := conn.QueryRow(t.Context(), `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`,
+			slot, lsn).Scan(&past)
+		if err == nil && !past {
+			err = fmt.Errorf("confirmed position behind %s", lsn)
+		}
+		return err
+	})
 }
 
 // slotHolder returns the relay among relays whose session streams from

@@ -27,8 +27,10 @@ type replayJSON struct {
 
 // streamLossCase runs producers and one relay, makes Redis lose the stream
 // mid-drain with fault, and checks that the relay reports the reset and
-// that `relay replay --pending` leaves nothing lost.
-func streamLossCase(t *testing.T, fault func(t *testing.T, rs *testenv.RedisServer)) {
+// that `relay replay --pending` leaves nothing lost. source is the relay's
+// --source; for LogicalReplication, which marks no row, the replay is given
+// the same --source, as the operator's StreamIntact condition says.
+func streamLossCase(t *testing.T, source string, fault func(t *testing.T, rs *testenv.RedisServer)) {
 	t.Helper()
 	events := sized(3000, 30000)
 	rate := sized(1500.0, 3000.0)
@@ -37,7 +39,13 @@ func streamLossCase(t *testing.T, fault func(t *testing.T, rs *testenv.RedisServ
 	stream := testenv.Name(t)
 	mustRelay(t, env, "schema", "--apply")
 	conn := connect(t, pg.DSN())
-	relay := startRelay(t, "A", env, "--stream", stream, "--batch-size", "100", "--stream-check-interval", "200ms")
+	args := []string{"--stream", stream, "--batch-size", "100", "--stream-check-interval", "200ms"}
+	replayArgs := []string{"replay", "--stream", stream, "--pending", "--output", "json"}
+	if source != "Polling" {
+		args = append(args, "--source", source, "--slot", replicationSlot)
+		replayArgs = append(replayArgs, "--source", source)
+	}
+	relay := startRelay(t, "A", env, args...)
 	prod := startProducers(t, producerConfig{
 		dsn: pg.DSN(), conns: 2, events: events, rate: rate, insert: insertInto("outbox_events"),
 	})
@@ -58,7 +66,11 @@ func streamLossCase(t *testing.T, fault func(t *testing.T, rs *testenv.RedisServ
 	})
 	require.NotZero(t, relay.metric("outbox_relay_stream_reset_window_start_timestamp_seconds"), "the window exported")
 	prod.wait(t)
-	waitDrained(t, conn, "outbox_events", 5*time.Minute)
+	if source == "Polling" {
+		waitDrained(t, conn, "outbox_events", 5*time.Minute)
+	} else {
+		waitConfirmed(t, conn, replicationSlot, 5*time.Minute)
+	}
 	relay.stop(t, time.Minute)
 	rdb := redisClient(t, rs.URL())
 	before := checkStream(t, rdb, stream, prod.committed())
@@ -67,14 +79,14 @@ func streamLossCase(t *testing.T, fault func(t *testing.T, rs *testenv.RedisServ
 
 	// The runbook: replay the recorded window.
 	var rep replayJSON
-	out := mustRelay(t, env, "replay", "--stream", stream, "--pending", "--output", "json")
+	out := mustRelay(t, env, replayArgs...)
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
 	// One fault may be recorded as more than one reset (a restarted Redis is
 	// seen first as an older last id, then as a missing stream): each window is
 	// replayed, and none is left pending.
 	require.GreaterOrEqual(t, rep.ResetsReplayed, int64(1), "the recorded reset is marked replayed")
 	var again replayJSON
-	out = mustRelay(t, env, "replay", "--stream", stream, "--pending", "--output", "json")
+	out = mustRelay(t, env, replayArgs...)
 	require.NoError(t, json.Unmarshal([]byte(out), &again), out)
 	require.Zero(t, again.ResetsReplayed, "no reset left pending after the replay")
 	r := checkStream(t, rdb, stream, prod.committed())
@@ -88,7 +100,7 @@ func streamLossCase(t *testing.T, fault func(t *testing.T, rs *testenv.RedisServ
 // with SIGKILL and restarted empty while the relay drains.
 func TestRedisKilledWithoutPersistence(t *testing.T) {
 	t.Parallel()
-	streamLossCase(t, func(t *testing.T, rs *testenv.RedisServer) {
+	streamLossCase(t, "Polling", func(t *testing.T, rs *testenv.RedisServer) {
 		rs.Kill(t)
 		rs.Start(t)
 	})
@@ -97,7 +109,19 @@ func TestRedisKilledWithoutPersistence(t *testing.T) {
 // TestFlushAllMidDrain: FLUSHALL while the relay drains.
 func TestFlushAllMidDrain(t *testing.T) {
 	t.Parallel()
-	streamLossCase(t, func(t *testing.T, rs *testenv.RedisServer) {
+	streamLossCase(t, "Polling", func(t *testing.T, rs *testenv.RedisServer) {
+		require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
+	})
+}
+
+// TestFlushAllMidStreamFromASlot: FLUSHALL while a relay of source
+// LogicalReplication streams. Its rows are never marked dispatched, so
+// `relay replay --pending` by dispatched_at would republish nothing (and
+// mark the reset replayed); with --source LogicalReplication it republishes
+// the rows created before the reset's end.
+func TestFlushAllMidStreamFromASlot(t *testing.T) {
+	t.Parallel()
+	streamLossCase(t, "LogicalReplication", func(t *testing.T, rs *testenv.RedisServer) {
 		require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
 	})
 }
