@@ -302,10 +302,15 @@ func (r *OutboxRelayReconciler) decideReplicas(st *relayState) {
 	}
 	if spec.ReadsLogicalReplication() {
 		// One relay reads a slot at a time: more relays are standbys and
-		// drain nothing faster, so the backlog only wakes a relay from
-		// zero (replicas.min 0); replicas.min standbys run otherwise, and
-		// replicas.max does not apply.
-		policy.Max = max(policy.Min, 1)
+		// drain nothing faster, so replicas.max does not apply. And at
+		// least one runs, even with replicas.min 0: the backlog of a slot
+		// (rows created after its last published commit) misses rows of a
+		// transaction that began before that commit, and rows of a
+		// `timestamp` column written west of UTC, so it cannot be trusted
+		// to wake a relay from zero; a slot nobody reads also holds WAL
+		// until max_slot_wal_keep_size invalidates it.
+		policy.Min = max(policy.Min, 1)
+		policy.Max = policy.Min
 	}
 	var count *int64
 	if last := st.lastSuccess(); last != nil {

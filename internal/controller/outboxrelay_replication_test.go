@@ -174,16 +174,17 @@ func TestReplicationSlotCondition(t *testing.T) {
 	})
 }
 
-// TestLogicalReplicationScalesToMinOnly: one relay reads the slot, so the
-// backlog adds no relays beyond replicas.min, and wakes one from zero.
-func TestLogicalReplicationScalesToMinOnly(t *testing.T) {
+// TestLogicalReplicationRunsMaxOfMinAndOne: one relay reads the slot, so the
+// backlog adds no relays beyond replicas.min, and one runs even with
+// replicas.min 0 and no backlog (a slot's backlog misses some rows).
+func TestLogicalReplicationRunsMaxOfMinAndOne(t *testing.T) {
 	t.Parallel()
 	r := &OutboxRelayReconciler{}
 	for _, tc := range []struct {
 		min, max int32
 		backlog  int64
 		want     int32
-	}{{1, 5, 50_000, 1}, {2, 5, 50_000, 2}, {0, 5, 50_000, 1}, {0, 5, 0, 0}} {
+	}{{1, 5, 50_000, 1}, {2, 5, 50_000, 2}, {0, 5, 50_000, 1}, {0, 5, 0, 1}, {2, 5, 0, 2}} {
 		st := newState(slotState(nil), func(st *relayState) {
 			st.relay.Spec.Replicas = v1alpha1.ReplicasSpec{Min: ptr.To(tc.min), Max: tc.max}
 			st.relay.Status.DesiredReplicas = nil
