@@ -83,6 +83,7 @@ type streamGuard struct {
 	mu           sync.Mutex
 	known        bool   // the relay has seen the stream exist
 	lastID       string // highest id seen
+	ownID        string // the id of the last entry this relay added; "" after a reset
 	entriesAdded int64  // a lower bound of entries-added
 	firstMs      int64  // ms of the oldest entry at the last good check
 	consumedMs   int64  // ms below which every group had read and acked
@@ -90,9 +91,41 @@ type streamGuard struct {
 	resetsSeen   int
 }
 
-// queueCheck adds XINFO STREAM to a pipeline, before its XADDs.
-func (g *streamGuard) queueCheck(ctx context.Context, pipe redis.Pipeliner, stream string) *redis.XInfoStreamCmd {
-	return pipe.XInfoStream(ctx, stream)
+// streamCheck is what a batch asks of the stream before its XADDs: XINFO
+// STREAM, and whether the entry the relay added last is still there.
+type streamCheck struct {
+	info  *redis.XInfoStreamCmd
+	own   *redis.XMessageSliceCmd // XRANGE ownID ownID; nil when ownID is ""
+	ownID string
+}
+
+// queueCheck adds the check to a pipeline, before its XADDs.
+func (g *streamGuard) queueCheck(ctx context.Context, pipe redis.Pipeliner, stream string) *streamCheck {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.queueCheckLocked(ctx, pipe, stream)
+}
+
+func (g *streamGuard) queueCheckLocked(ctx context.Context, pipe redis.Pipeliner, stream string) *streamCheck {
+	c := &streamCheck{info: pipe.XInfoStream(ctx, stream), ownID: g.ownID}
+	if c.ownID != "" {
+		c.own = pipe.XRangeN(ctx, stream, c.ownID, c.ownID, 1)
+	}
+	return c
+}
+
+// ownEntryLost reports that the entry the relay added last is gone although
+// nothing explains it: the stream (of Redis 7 or later, which counts
+// deletions) still holds entries at or before it, and deleted none at or
+// after it (XDEL), so neither trimming nor a consumer removed it. A
+// failover to a replica that had not received it does that, and another
+// relay's entries added since can hide it from the other checks: a later
+// last id, and as many entries ever added.
+func (c *streamCheck) ownEntryLost(x *redis.XInfoStream) bool {
+	if c.own == nil || c.own.Err() != nil || len(c.own.Val()) > 0 || x.EntriesAdded == 0 || x.FirstEntry.ID == "" {
+		return false
+	}
+	return compareIDs(c.ownID, x.FirstEntry.ID) >= 0 && compareIDs(c.ownID, x.MaxDeletedEntryID) > 0
 }
 
 // isNoSuchKey reports the XINFO error of a missing stream.
@@ -100,17 +133,18 @@ func isNoSuchKey(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "no such key")
 }
 
-// observeLocked compares what XINFO STREAM answered (before this batch's
-// XADDs) with what the relay knew, reports a reset if the stream went back
-// in time, and then takes in the new state and the id of the batch's last
+// observeLocked compares what the check (before this batch's XADDs) saw
+// with what the relay knew, reports a reset if the stream went back in
+// time, and then takes in the new state and the id of the batch's last
 // entry (added: "" if none, n entries). The caller holds the guard's lock.
-func (r *Relay) observeLocked(info *redis.XInfoStreamCmd, added string, n int) {
+func (r *Relay) observeLocked(c *streamCheck, added string, n int) {
 	g := &r.stream
+	info := c.info
 	missing := isNoSuchKey(info.Err())
 	if info.Err() != nil && !missing {
 		// Redis did not answer: nothing learned. The XADDs' ids still count.
 		if added != "" && g.known && compareIDs(added, g.lastID) > 0 {
-			g.lastID = added
+			g.lastID, g.ownID = added, added
 		}
 		return
 	}
@@ -127,14 +161,18 @@ func (r *Relay) observeLocked(info *redis.XInfoStreamCmd, added string, n int) {
 			why = fmt.Sprintf("its last id %s is older than %s, the last id the relay saw", x.LastGeneratedID, g.lastID)
 		case x.EntriesAdded > 0 && x.EntriesAdded < g.entriesAdded:
 			why = fmt.Sprintf("its count of entries ever added fell from %d to %d", g.entriesAdded, x.EntriesAdded)
+		case c.ownID == g.ownID && c.ownEntryLost(&x):
+			why = fmt.Sprintf("the entry %s the relay added last is gone, though the stream holds older entries and deleted none since",
+				c.ownID)
 		}
 		if why != "" {
 			r.reportReset(why)
 			g.consumedMs = 0 // the groups' positions were in the stream that is gone
+			g.ownID = ""     // gone: not reported again
 		}
 	}
 	if missing {
-		g.known, g.lastID, g.entriesAdded, g.firstMs, g.consumedMs = false, "", 0, 0, 0
+		g.known, g.lastID, g.entriesAdded, g.firstMs, g.consumedMs, g.ownID = false, "", 0, 0, 0, ""
 	} else {
 		g.known, g.lastID, g.entriesAdded = true, x.LastGeneratedID, x.EntriesAdded
 		if x.FirstEntry.ID != "" {
@@ -144,6 +182,7 @@ func (r *Relay) observeLocked(info *redis.XInfoStreamCmd, added string, n int) {
 		}
 	}
 	if added != "" {
+		g.ownID = added
 		if !g.known || compareIDs(added, g.lastID) > 0 {
 			g.lastID = added
 		}
@@ -190,7 +229,10 @@ func (r *Relay) checkStream(ctx context.Context) {
 	defer g.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
-	r.observeLocked(r.rdb.XInfoStream(ctx, r.cfg.Stream), "", 0)
+	pipe := r.rdb.Pipeline()
+	c := g.queueCheckLocked(ctx, pipe, r.cfg.Stream)
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	r.observeLocked(c, "", 0)
 }
 
 // setConsumed records the position below which every consumer group has
@@ -381,7 +423,7 @@ func compareIDs(a, b string) int {
 // between the two would move the last id past the batch's own XINFO, and
 // the batch would then find the stream gone back in time (a false reset,
 // replayed for nothing).
-func (r *Relay) execObserved(ctx context.Context, pipe redis.Pipeliner, check *redis.XInfoStreamCmd,
+func (r *Relay) execObserved(ctx context.Context, pipe redis.Pipeliner, check *streamCheck,
 	added func() (last string, n int, ok bool)) {
 	g := &r.stream
 	g.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
@@ -49,6 +50,25 @@ func TestStreamResetDetected(t *testing.T) {
 			ctx := context.Background()
 			require.NoError(t, b.rdb.Del(ctx, b.stream).Err())
 			require.NoError(t, b.rdb.Do(ctx, "XADD", b.stream, "*", "f", "v").Err())
+		}},
+		// A failover to a replica that lacked the relay's last entries, then
+		// another relay's entries: a later last id, and as many entries ever
+		// added as before, so only the relay's own last entry shows the loss.
+		{"lagging replica, then another relay", func(t *testing.T, b *testBundle) {
+			ctx := context.Background()
+			entries, err := b.rdb.XRange(ctx, b.stream, "-", "+").Result()
+			require.NoError(t, err)
+			require.NoError(t, b.rdb.Del(ctx, b.stream).Err())
+			kept := entries[:len(entries)-10]
+			for _, e := range kept {
+				require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, ID: e.ID, Values: e.Values}).Err())
+			}
+			for range len(entries) - len(kept) + 2 {
+				require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: []string{"f", "v"}}).Err())
+			}
+			info, err := b.rdb.XInfoStream(ctx, b.stream).Result()
+			require.NoError(t, err)
+			require.GreaterOrEqual(t, info.EntriesAdded, int64(len(entries)), "the count of entries ever added hides the loss")
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -150,6 +170,17 @@ func TestStreamNoFalseReset(t *testing.T) {
 		res, err := r.runOnce(ctx)
 		return err == nil && res.claimed == 0
 	})
+	r.checkStream(ctx)
+	// A consumer that deletes what it read (XDEL) removes the relay's last
+	// entry, and trimming every entry leaves nothing to compare with: the
+	// stream counts the deletions, so neither is a reset.
+	last, err := b.rdb.XRevRangeN(ctx, b.stream, "+", "-", 1).Result()
+	require.NoError(t, err)
+	require.NoError(t, b.rdb.XDel(ctx, b.stream, last[0].ID).Err())
+	r.checkStream(ctx)
+	b.insert(t, 3)
+	b.drain(t, r)
+	require.NoError(t, b.rdb.XTrimMaxLen(ctx, b.stream, 0).Err())
 	r.checkStream(ctx)
 	require.Zero(t, testutilCounter(r.cfg.Metrics.stream.Resets))
 }
