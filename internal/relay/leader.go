@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -240,8 +241,8 @@ func (o *ownership) rebalance(ctx context.Context, start int) error {
 		fenced, changed = true, true
 	}
 	if fenced {
-		var epoch int64
-		if err := o.conn.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&epoch); err != nil {
+		epoch, err := o.newEpoch(ctx)
+		if err != nil {
 			return err
 		}
 		o.epoch.Store(epoch)
@@ -261,6 +262,33 @@ func (o *ownership) rebalance(ctx context.Context, start int) error {
 	// A query every round keeps the session within idle_session_timeout.
 	_, err := o.conn.Exec(ctx, "SELECT 1")
 	return err
+}
+
+// newEpoch is the epoch of a new ownership: PostgreSQL's current
+// transaction id, which only grows, so it is above the epoch of every
+// former owner. Unless the transaction ids went back (a database restored
+// from a dump into a new cluster, a failover that lost transactions): then
+// every fence in Redis would stay above it and refuse every batch for good.
+// So the epoch is also above the highest fence of the stream. A former
+// owner can have an epoch above both only if it never published; ownership
+// is exclusive in PostgreSQL, so it runs no batch once this one owns.
+func (o *ownership) newEpoch(ctx context.Context) (int64, error) {
+	var epoch int64
+	if err := o.conn.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&epoch); err != nil {
+		return 0, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, o.r.cfg.PublishTimeout)
+	defer cancel()
+	fences, err := o.r.rdb.HVals(rctx, FenceKey(o.r.cfg.Stream)).Result()
+	if err != nil {
+		return 0, fmt.Errorf("reading the fences of %s: %w", o.r.cfg.Stream, err)
+	}
+	for _, f := range fences {
+		if v, err := strconv.ParseInt(f, 10, 64); err == nil && v >= epoch {
+			epoch = v + min(1, math.MaxInt64-v) // above it, or equal to the largest there is
+		}
+	}
+	return epoch, nil
 }
 
 func (o *ownership) sortedHeld() []int64 {

@@ -179,6 +179,28 @@ func TestStrictLeaderWhoseSessionEndsStopsPublishing(t *testing.T) {
 	require.Greater(t, again.epoch.Load(), first)
 }
 
+// TestEpochAboveAFenceFromTransactionIDsThatWentBack: the fence of a
+// stream is above every transaction id of the database (the database was
+// restored from a dump into a new cluster, whose ids start again near
+// zero): a new ownership takes an epoch above the fence, and publishes,
+// instead of being refused by it for good.
+func TestEpochAboveAFenceFromTransactionIDsThatWentBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	require.NoError(t, b.rdb.HSet(ctx, FenceKey(b.stream), "0", "999999999999").Err())
+	ids := b.insert(t, 30)
+	r := b.newRelay(t, Config{Ordering: OrderingStrict, BatchSize: 10, LeaderTimeout: 2 * time.Second,
+		StandbyPoll: 50 * time.Millisecond})
+	stop := runInBackground(t, r)
+	waitFor(t, "drained past the fence", func() bool { return b.backlog(t) == 0 })
+	require.NoError(t, stop())
+	requireFirstOccurrencesInOrder(t, b.readStream(t, b.stream), ids)
+	fence, err := b.rdb.HGet(ctx, FenceKey(b.stream), "0").Int64()
+	require.NoError(t, err)
+	require.Equal(t, int64(1_000_000_000_000), fence, "the epoch one above the fence it found")
+}
+
 // TestFenceRefusesAnOlderEpoch: once a newer owner has published a
 // partition, a former one cannot add anything to it; other partitions are
 // unaffected.
