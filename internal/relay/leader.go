@@ -225,7 +225,7 @@ func (o *ownership) rebalance(ctx context.Context, start int) error {
 		}
 	}
 	// Wait for the former owners' batches; then an epoch, larger than theirs.
-	fenced := false
+	var fenced []int64
 	for p := range o.fencing {
 		var got bool
 		if err := o.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", o.keys.fence(p)).Scan(&got); err != nil {
@@ -238,14 +238,25 @@ func (o *ownership) rebalance(ctx context.Context, start int) error {
 			return err
 		}
 		delete(o.fencing, p)
-		fenced, changed = true, true
+		fenced = append(fenced, p)
 	}
-	if fenced {
+	if len(fenced) > 0 {
 		epoch, err := o.newEpoch(ctx)
-		if err != nil {
+		var redisErr *fenceReadError
+		switch {
+		case errors.As(err, &redisErr):
+			// Redis did not answer: nothing could be published anyway. The
+			// partitions stay held, and are fenced again next round.
+			o.r.log.Warn("Could not read the stream's fences; the partitions wait for the next round", "error", err.Error())
+			for _, p := range fenced {
+				o.fencing[p] = true
+			}
+		case err != nil:
 			return err
+		default:
+			o.epoch.Store(epoch)
+			changed = true
 		}
-		o.epoch.Store(epoch)
 	}
 	if changed {
 		var ready []int64
@@ -281,7 +292,7 @@ func (o *ownership) newEpoch(ctx context.Context) (int64, error) {
 	defer cancel()
 	fences, err := o.r.rdb.HVals(rctx, FenceKey(o.r.cfg.Stream)).Result()
 	if err != nil {
-		return 0, fmt.Errorf("reading the fences of %s: %w", o.r.cfg.Stream, err)
+		return 0, &fenceReadError{fmt.Errorf("reading the fences of %s: %w", o.r.cfg.Stream, err)}
 	}
 	for _, f := range fences {
 		if v, err := strconv.ParseInt(f, 10, 64); err == nil && v >= epoch {
@@ -290,6 +301,12 @@ func (o *ownership) newEpoch(ctx context.Context) (int64, error) {
 	}
 	return epoch, nil
 }
+
+// fenceReadError: Redis did not answer newEpoch's read of the fences.
+type fenceReadError struct{ err error }
+
+func (e *fenceReadError) Error() string { return e.err.Error() }
+func (e *fenceReadError) Unwrap() error { return e.err }
 
 func (o *ownership) sortedHeld() []int64 {
 	ps := slices.Sorted(maps.Keys(o.held))

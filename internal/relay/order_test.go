@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // requireFirstOccurrencesInOrder checks what a consumer that dedupes on
@@ -199,6 +200,23 @@ func TestEpochAboveAFenceFromTransactionIDsThatWentBack(t *testing.T) {
 	fence, err := b.rdb.HGet(ctx, FenceKey(b.stream), "0").Int64()
 	require.NoError(t, err)
 	require.Equal(t, int64(1_000_000_000_000), fence, "the epoch one above the fence it found")
+}
+
+// TestOwnershipWaitsForRedisToReadTheFences: a new ownership reads the
+// stream's fences for its epoch; with Redis down the session lives on and
+// its partitions stay unclaimable, then are fenced once Redis answers.
+func TestOwnershipWaitsForRedisToReadTheFences(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	r := b.newRelay(t, Config{Ordering: OrderingStrict, PublishTimeout: time.Second})
+	rs.Stop(t)
+	o := b.owner(t, r) // the rebalance did not fail
+	require.Empty(t, *o.claimable.Load(), "not fenced without the fences")
+	rs.Start(t)
+	require.NoError(t, o.rebalance(context.Background(), 0))
+	require.Equal(t, []int64{0}, *o.claimable.Load())
+	require.Positive(t, o.epoch.Load())
 }
 
 // TestFenceRefusesAnOlderEpoch: once a newer owner has published a
