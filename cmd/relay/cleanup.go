@@ -37,9 +37,9 @@ func newCleanupCommand(c *common) *cobra.Command {
 			return withPool(cmd.Context(), c, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
 				start := time.Now()
 				if slot != "" {
-					// Rows of an inheritance child the publication does not
-					// list were never streamed: they stay until a relay adds
-					// the child and publishes them.
+					// Rows of an inheritance child or a partition that the
+					// publication does not cover were never streamed: they
+					// stay until a relay adds it and publishes them.
 					o := logical.Options{Table: t, Slot: slot}
 					children, err := logical.Uncovered(ctx, db, o)
 					if err != nil {

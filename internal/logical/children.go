@@ -12,18 +12,25 @@ import (
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
-// Inheritance children. A publication FOR TABLE parent takes the children
-// an inheritance parent has when it is created (or altered), not those
-// created later, and FOR TABLE ONLY parent takes none: pgoutput never sends
-// the inserts of a child the publication does not list, and a relay that
-// never marks rows would never publish them. Partitions differ: a
+// Inheritance children and partitions. A publication FOR TABLE parent
+// takes the children an inheritance parent has when it is created (or
+// altered), not those created later, and FOR TABLE ONLY parent takes none:
+// pgoutput never sends the inserts of a child the publication does not
+// list, and a relay that never marks rows would never publish them. A
 // publication of a partitioned table covers its partitions, present and
-// future, so they are never uncovered.
+// future, but one that lists only some partitions (say the table that a
+// migration to partitioning renamed and attached as a partition, which the
+// publication still names by its oid) covers only those: the inserts into
+// the others, and into every partition created later, are not streamed.
+// Both kinds are listed by Uncovered, and the relay adds them the same way.
 
-// Child is an inheritance descendant of the outbox table, as the catalog
-// spells it.
+// Child is a table of the outbox table's inheritance or partition tree
+// that holds rows (an inheritance descendant, or a leaf partition), as the
+// catalog spells it.
 type Child struct {
 	Schema, Name string
+	// Partition says that it is a partition, not an inheritance child.
+	Partition bool
 }
 
 // String is the child's quoted, schema-qualified name.
@@ -33,12 +40,17 @@ func (c Child) String() string { return pgx.Identifier{c.Schema, c.Name}.Sanitiz
 // the publication, so its inserts are not streamed.
 var ErrChildNotCovered = errors.New("inheritance child of the outbox table not in the publication")
 
+// ErrPartitionNotCovered: a partition of the outbox table is not in the
+// publication, nor the table or a partitioned ancestor of it, so its
+// inserts are not streamed.
+var ErrPartitionNotCovered = errors.New("partition of the outbox table not in the publication")
+
 // codeInsufficientPrivilege is the SQLSTATE of a missing ownership or grant.
 const codeInsufficientPrivilege = "42501"
 
 // Uncovered lists the table's inheritance descendants (children,
-// recursively; partitions aside) that the publication of o does not
-// publish. A missing publication covers none.
+// recursively) and leaf partitions whose inserts the publication of o does
+// not stream. A missing publication covers none.
 func Uncovered(ctx context.Context, q outbox.Querier, o Options) ([]Child, error) {
 	o, err := o.withDefaults()
 	if err != nil {
@@ -55,24 +67,47 @@ func Uncovered(ctx context.Context, q outbox.Querier, o Options) ([]Child, error
 	return children, nil
 }
 
-// UncoveredError says which children are not covered and how to fix it.
+// UncoveredError says which children and partitions are not covered and
+// how to fix it.
 func UncoveredError(o Options, children []Child) error {
 	o, _ = o.withDefaults()
-	names := make([]string, 0, len(children))
-	only := make([]string, 0, len(children))
+	var kids, parts, only []string
 	for _, c := range children {
-		names = append(names, c.String())
+		if c.Partition {
+			parts = append(parts, c.String())
+			continue
+		}
+		kids = append(kids, c.String())
 		only = append(only, "ONLY "+c.String())
 	}
-	return fmt.Errorf("%w: %s of %s not in publication %s, so their inserts are not streamed: "+
-		"a relay of the table adds them (and publishes their rows from the table) when its role owns them; "+
-		"or, as their owner, ALTER PUBLICATION %s ADD TABLE %s and publish their existing rows yourself",
-		ErrChildNotCovered, strings.Join(names, ", "), o.Table, o.Publication,
-		pgx.Identifier{o.Publication}.Sanitize(), strings.Join(only, ", "))
+	pub := pgx.Identifier{o.Publication}.Sanitize()
+	var errs []error
+	if len(kids) > 0 {
+		errs = append(errs, fmt.Errorf("%w: %s of %s not in publication %s, so their inserts are not streamed: "+
+			"a relay of the table adds them (and publishes their rows from the table) when its role owns them; "+
+			"or, as their owner, ALTER PUBLICATION %s ADD TABLE %s and publish their existing rows yourself",
+			ErrChildNotCovered, strings.Join(kids, ", "), o.Table, o.Publication, pub, strings.Join(only, ", ")))
+	}
+	if len(parts) > 0 {
+		errs = append(errs, fmt.Errorf("%w: partitions %s of %s not in publication %s, which lists some partitions "+
+			"but neither the table nor a partitioned ancestor of these, so their inserts are not streamed: "+
+			"a relay of the table adds them (and publishes their rows from the table) when its role owns them; "+
+			"or, as the table's owner, ALTER PUBLICATION %s ADD TABLE %s, which covers its partitions present and future, "+
+			"and publish the rows these partitions hold yourself: they were written to the WAL before the publication "+
+			"listed them, so the slot has passed them and never streams them (a catch-up from the table)",
+			ErrPartitionNotCovered, strings.Join(parts, ", "), o.Table, o.Publication, pub, quotedTable(o.Table)))
+	}
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	return fmt.Errorf("%w; %w", errs[0], errs[1])
 }
 
-// AddChildren adds the children to the publication of o, in tx: once tx
-// commits, their inserts are streamed. The caller locks them against
+// AddChildren adds the children (and partitions) to the publication of o,
+// each with ONLY, in tx: once tx commits, their inserts are streamed. The caller locks them against
 // inserts first and publishes the rows they hold before committing (the
 // relay), so that no row is in neither the table's read nor the stream.
 func AddChildren(ctx context.Context, tx pgx.Tx, o Options, children []Child) error {

@@ -20,8 +20,9 @@ import (
 //
 // It checks what it finds: the server's wal_level (ErrWALLevel), the table
 // (outbox.ErrTableNotFound), that an existing publication publishes the
-// table's inserts and that an existing slot is a pgoutput slot of this
-// database. A new slot's stream starts at its creation, which waits for the
+// table's inserts (some of them: the inheritance children and partitions it
+// leaves out are Uncovered's, which a caller adds or refuses to stream
+// without) and that an existing slot is a pgoutput slot of this database. A new slot's stream starts at its creation, which waits for the
 // transactions running at that moment to end (the slot needs a consistent
 // snapshot): ctx bounds that wait.
 func Setup(ctx context.Context, q outbox.Querier, o Options) error {

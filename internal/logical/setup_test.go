@@ -2,9 +2,11 @@ package logical
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
@@ -132,7 +134,8 @@ func TestDropSlotReleasesAConnectedReader(t *testing.T) {
 
 // TestUncoveredListsChildrenOutsideThePublication: inheritance children
 // created after the publication, or left out by FOR TABLE ONLY, are
-// listed (recursively) until added; partitions never are.
+// listed (recursively) until added; the partitions of a published
+// partitioned table are not.
 func TestUncoveredListsChildrenOutsideThePublication(t *testing.T) {
 	t.Parallel()
 	b := setup(t, testenv.Postgres(t), "", outbox.Columns{}, "")
@@ -147,7 +150,7 @@ func TestUncoveredListsChildrenOutsideThePublication(t *testing.T) {
 	require.NoError(t, err)
 	children, err := Uncovered(ctx, db, b.opts)
 	require.NoError(t, err)
-	require.Equal(t, []Child{{"other", "c2"}, {"public", "outbox_c1"}}, children)
+	require.Equal(t, []Child{{Schema: "other", Name: "c2"}, {Schema: "public", Name: "outbox_c1"}}, children)
 	require.ErrorIs(t, UncoveredError(b.opts, children), ErrChildNotCovered)
 
 	// Inserts into c1 are not streamed until it is added.
@@ -183,4 +186,107 @@ func TestUncoveredListsChildrenOutsideThePublication(t *testing.T) {
 	children, err = Uncovered(ctx, db, o)
 	require.NoError(t, err)
 	require.Empty(t, children)
+}
+
+// TestUncoveredListsPartitionsOutsideThePublication: a publication of the
+// partitioned table (or of an ancestor, a schema, ALL TABLES, with either
+// publish_via_partition_root) covers its partitions, present and future; one
+// that lists only some partitions leaves the others' inserts unstreamed, so
+// they are listed, and Setup leaves them to the relay (which adds them).
+func TestUncoveredListsPartitionsOutsideThePublication(t *testing.T) {
+	t.Parallel()
+	tbl := outbox.MustNew("app.outbox", outbox.Columns{})
+	b := setup(t, testenv.Postgres(t), tbl.String(), outbox.Columns{}, tbl.DDL(outbox.DDLOptions{Partitioned: true}))
+	ctx, db := b.ctx, b.db
+	_, err := db.Exec(ctx, `CREATE TABLE app.outbox_2100 PARTITION OF app.outbox
+			FOR VALUES FROM ('2100-01-01') TO ('2101-01-01') PARTITION BY RANGE (created_at);
+		CREATE TABLE app.outbox_2100a PARTITION OF app.outbox_2100 FOR VALUES FROM ('2100-01-01') TO ('2100-07-01');
+		CREATE TABLE app.outbox_2100b PARTITION OF app.outbox_2100 FOR VALUES FROM ('2100-07-01') TO ('2101-01-01');
+		CREATE PUBLICATION pub_via_root FOR TABLE app.outbox WITH (publish_via_partition_root = true);
+		CREATE PUBLICATION pub_schema FOR TABLES IN SCHEMA app WITH (publish_via_partition_root = true);
+		CREATE PUBLICATION pub_all FOR ALL TABLES;
+		CREATE PUBLICATION pub_leaf FOR TABLE app.outbox_default WITH (publish = 'insert');
+		CREATE PUBLICATION pub_mid FOR TABLE app.outbox_2100 WITH (publish_via_partition_root = true);
+		CREATE PUBLICATION pub_leaves FOR TABLE app.outbox_default, app.outbox_2100a, app.outbox_2100b`)
+	require.NoError(t, err)
+	list := func(pub string) []Child {
+		t.Helper()
+		o := b.opts
+		o.Publication = pub
+		children, err := Uncovered(ctx, db, o)
+		require.NoError(t, err)
+		return children
+	}
+	uncovered := func(pub string) []string {
+		t.Helper()
+		children := list(pub)
+		names := make([]string, 0, len(children))
+		for _, c := range children {
+			names = append(names, c.String())
+		}
+		return names
+	}
+	for _, pub := range []string{b.opts.Publication, "pub_via_root", "pub_schema", "pub_all", "pub_leaves"} {
+		require.Empty(t, uncovered(pub), pub)
+	}
+	require.Equal(t, []string{`"app"."outbox_2100a"`, `"app"."outbox_2100b"`}, uncovered("pub_leaf"))
+	require.Equal(t, []string{`"app"."outbox_default"`}, uncovered("pub_mid"))
+
+	// A partition created later is covered through the table, not through
+	// a list of its siblings.
+	_, err = db.Exec(ctx, `CREATE TABLE app.outbox_2200 PARTITION OF app.outbox FOR VALUES FROM ('2200-01-01') TO ('2201-01-01')`)
+	require.NoError(t, err)
+	require.Empty(t, uncovered(b.opts.Publication))
+	require.Empty(t, uncovered("pub_via_root"))
+	require.Equal(t, []string{`"app"."outbox_2200"`}, uncovered("pub_leaves"))
+
+	// The error names the publication, the partitions and the fix.
+	o := b.opts
+	o.Publication = "pub_leaf"
+	children := list("pub_leaf")
+	require.True(t, children[0].Partition)
+	err = UncoveredError(o, children)
+	require.ErrorIs(t, err, ErrPartitionNotCovered)
+	require.ErrorContains(t, err,
+		`partitions "app"."outbox_2100a", "app"."outbox_2100b", "app"."outbox_2200" of app.outbox not in publication pub_leaf`)
+	require.ErrorContains(t, err, `ALTER PUBLICATION "pub_leaf" ADD TABLE "app"."outbox"`)
+
+	// A role that owns the publication but not the partitions cannot add
+	// them: the relay refuses to stream, saying what to do.
+	role := pgx.Identifier{testenv.Name(t)}.Sanitize()
+	var database string
+	require.NoError(t, db.QueryRow(ctx, `SELECT current_database()`).Scan(&database))
+	_, err = db.Exec(ctx, fmt.Sprintf(`CREATE ROLE %[1]s; GRANT CREATE ON DATABASE %[2]s TO %[1]s;
+		GRANT USAGE ON SCHEMA app TO %[1]s;
+		CREATE PUBLICATION pub_role FOR TABLE app.outbox_default; ALTER PUBLICATION pub_role OWNER TO %[1]s`,
+		role, pgx.Identifier{database}.Sanitize()))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := db.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, role))
+		require.NoError(t, err)
+	})
+	rtx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = rtx.Rollback(context.Background()) }() // also when the test fails: db.Close waits for it
+	_, err = rtx.Exec(ctx, "SET LOCAL ROLE "+role)
+	require.NoError(t, err)
+	o.Publication = "pub_role"
+	err = AddChildren(ctx, rtx, o, list("pub_role"))
+	require.ErrorIs(t, err, ErrPartitionNotCovered)
+	require.ErrorContains(t, err, `ALTER PUBLICATION "pub_role" ADD TABLE "app"."outbox"`)
+	require.ErrorContains(t, err, "must be owner of table")
+	require.NoError(t, rtx.Rollback(ctx))
+
+	// Setup takes a publication that covers part of the table (the relay
+	// adds the rest), and the relay's way of adding them covers them.
+	o.Publication = "pub_leaf"
+	o.Slot = testenv.Name(t)
+	t.Cleanup(func() { require.NoError(t, DropSlot(context.Background(), db, o.Slot)) })
+	require.NoError(t, Setup(ctx, db, o))
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	require.NoError(t, AddChildren(ctx, tx, o, children))
+	require.NoError(t, tx.Commit(ctx))
+	require.Empty(t, uncovered("pub_leaf"))
 }

@@ -29,34 +29,51 @@ const (
 	createPublicationSQL = `CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`
 
 	// publicationCoversSQL ($1 the publication, $2 the quoted table) says
-	// whether the publication streams the table's inserts: it names the
-	// table, or publishes it by schema or ALL TABLES, or publishes its
-	// partitions.
-	publicationCoversSQL = `SELECT EXISTS (
-	SELECT 1 FROM pg_publication p JOIN pg_publication_rel r ON r.prpubid = p.oid
-	WHERE p.pubname = $1 AND r.prrelid = to_regclass($2)
+	// whether the publication streams some of the table's inserts: it names
+	// the table (FOR TABLE ONLY too), or pg_publication_tables (which
+	// resolves FOR TABLE, FOR TABLES IN SCHEMA and FOR ALL TABLES, and
+	// lists partitions or their root per publish_via_partition_root) lists
+	// the table, a partitioned ancestor of it, or one of its partitions.
+	// Some, not all: the inheritance children and partitions it leaves out
+	// are uncoveredSQL's, which the relay adds or refuses to stream without.
+	publicationCoversSQL = `WITH t AS (SELECT to_regclass($2) AS oid),
+listed AS (
+	SELECT to_regclass(format('%I.%I', p.schemaname, p.tablename)) AS rel FROM pg_publication_tables p WHERE p.pubname = $1
+)
+SELECT EXISTS (
+	SELECT 1 FROM pg_publication p JOIN pg_publication_rel r ON r.prpubid = p.oid JOIN t ON r.prrelid = t.oid
+	WHERE p.pubname = $1
 ) OR EXISTS (
-	SELECT 1 FROM pg_publication_tables t
-	CROSS JOIN LATERAL (SELECT to_regclass(format('%I.%I', t.schemaname, t.tablename)) AS rel) AS pt
-	WHERE t.pubname = $1 AND to_regclass($2) IN (pt.rel, pg_partition_root(pt.rel))
+	SELECT 1 FROM listed JOIN t ON listed.rel = t.oid
+		OR listed.rel IN (SELECT a.relid FROM pg_partition_ancestors(t.oid) AS a)
+		OR t.oid IN (SELECT a.relid FROM pg_partition_ancestors(listed.rel) AS a)
 )`
 
 	// uncoveredSQL ($1 the publication, $2 the quoted table) lists the
-	// table's inheritance descendants, recursively, that the publication
-	// does not publish (pg_publication_tables resolves FOR TABLE, FOR
-	// TABLES IN SCHEMA and FOR ALL TABLES alike). Partitions are left out:
-	// a published partitioned table covers them (listed under the root with
-	// publish_via_partition_root), and inheritance cannot mix with them.
+	// table's descendants, recursively, whose inserts the publication does
+	// not stream, with whether each is a partition: an inheritance child
+	// that pg_publication_tables does not list (it resolves FOR TABLE, FOR
+	// TABLES IN SCHEMA and FOR ALL TABLES alike), and a leaf partition
+	// listed neither itself nor through a partitioned ancestor (the table
+	// or one above or below it; listed under the topmost published one with
+	// publish_via_partition_root, else as its leaves). A publication that
+	// names the partitioned table covers its partitions, present and future;
+	// one that names some partitions covers only those, so the others, and
+	// every partition created later, are listed. Partitioned tables hold no
+	// rows of their own and are left out.
 	uncoveredSQL = `WITH RECURSIVE d(oid) AS (
 	SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($2)
 	UNION
 	SELECT i.inhrelid FROM pg_inherits i JOIN d ON i.inhparent = d.oid
+),
+listed AS MATERIALIZED (
+	SELECT to_regclass(format('%I.%I', t.schemaname, t.tablename)) AS rel FROM pg_publication_tables t WHERE t.pubname = $1
 )
-SELECT n.nspname::text, c.relname::text
+SELECT n.nspname::text, c.relname::text, c.relispartition
 FROM d JOIN pg_class c ON c.oid = d.oid JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE NOT c.relispartition AND c.relkind <> 'p' AND NOT EXISTS (
-	SELECT 1 FROM pg_publication_tables t
-	WHERE t.pubname = $1 AND t.schemaname = n.nspname AND t.tablename = c.relname
+WHERE c.relkind <> 'p' AND NOT EXISTS (
+	SELECT 1 FROM listed
+	WHERE listed.rel = c.oid OR c.relispartition AND listed.rel IN (SELECT a.relid FROM pg_partition_ancestors(c.oid) AS a)
 )
 ORDER BY 1, 2`
 

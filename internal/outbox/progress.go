@@ -45,7 +45,18 @@ type Progress struct {
 	// CatchUpPending says that the slot was (re)created and the rows
 	// committed before it have not all been published yet.
 	CatchUpPending bool
+	// CatchUpID is the id of the catch-up last recorded due (0: none, or
+	// one recorded by an earlier version, without an id).
+	CatchUpID CatchUpID
 }
+
+// CatchUpID tells one catch-up of a slot from another: StartCatchUp
+// returns it and FinishCatchUp takes it, so that a catch-up ends only the
+// catch-up it was started for. A relay whose catch-up ran on a slot that
+// was dropped and made again meanwhile (by another relay, which recorded
+// the new slot's catch-up due) must not end that one: the rows committed
+// between its snapshot and the new slot are in no stream.
+type CatchUpID int64
 
 // EnsureProgressTable creates the progress table if it is missing.
 func (t *Table) EnsureProgressTable(ctx context.Context, db pgtx.Beginner) error {
@@ -58,7 +69,9 @@ func (t *Table) EnsureProgressTable(ctx context.Context, db pgtx.Beginner) error
 // ReadProgress reads the slot's row; ok is false when it has none (or the
 // progress table does not exist yet).
 func (t *Table) ReadProgress(ctx context.Context, q Querier, slot string) (p Progress, ok bool, err error) {
-	err = q.QueryRow(ctx, t.progress(readProgressSQL), slot).Scan(&p.LastCommit, &p.CatchUpPending)
+	var id int64
+	err = q.QueryRow(ctx, t.progress(readProgressSQL), slot).Scan(&p.LastCommit, &p.CatchUpPending, &id)
+	p.CatchUpID = CatchUpID(id)
 	var pgErr *pgconn.PgError
 	if errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
 		return Progress{}, false, nil // no row, or no table yet: no relay of the slot has run
@@ -69,17 +82,44 @@ func (t *Table) ReadProgress(ctx context.Context, q Querier, slot string) (p Pro
 	return p, true, nil
 }
 
-// StartCatchUp records, before the slot is created, that a catch-up is due:
-// a relay that stops before it ends does it again.
-func (t *Table) StartCatchUp(ctx context.Context, q Querier, slot string) error {
-	if _, err := q.Exec(ctx, t.progress(startCatchUpSQL), slot); err != nil {
-		return t.classify(fmt.Errorf("recording a catch-up in %s: %w", t.ProgressTable(), err))
+// StartCatchUp records that a catch-up of the slot is due, before the slot
+// is created (newSlot: it does not exist, or was dropped to be made again)
+// or taken: a relay that stops before it ends does it again. It returns
+// the catch-up's id, for FinishCatchUp: a new one when newSlot (a catch-up
+// of an older slot, still running somewhere, must not end this one) or
+// when none was due; else the one already due, which this relay now does
+// on the same slot (its relay stopped, or streams it now and this one
+// waits for the slot).
+func (t *Table) StartCatchUp(ctx context.Context, q Querier, slot string, newSlot bool) (CatchUpID, error) {
+	var id int64
+	if err := q.QueryRow(ctx, t.progress(startCatchUpSQL), slot, newSlot).Scan(&id); err != nil {
+		return 0, t.classify(fmt.Errorf("recording a catch-up in %s: %w", t.ProgressTable(), err))
 	}
-	return nil
+	return CatchUpID(id), nil
+}
+
+// FinishCatchUp records catch-up id of the slot done: everything committed
+// before snapshot (the time of its read of the table) is published. It
+// ends the catch-up due only if that is still id, and says whether it did:
+// false when the slot was made again meanwhile and a newer catch-up is due
+// (then the rows committed between this snapshot and the new slot were
+// read by no catch-up yet), or when the slot has no row.
+func (t *Table) FinishCatchUp(ctx context.Context, q Querier, slot string, snapshot time.Time, id CatchUpID) (bool, error) {
+	var done bool
+	err := q.QueryRow(ctx, t.progress(finishCatchUpSQL), slot, snapshot, int64(id)).Scan(&done)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, t.classify(fmt.Errorf("recording a catch-up done in %s: %w", t.ProgressTable(), err))
+	}
+	return done, nil
 }
 
 // RecordProgress records that everything committed up to lastCommit is
-// published; done ends a catch-up. The time never goes back.
+// published. The time never goes back. done ends a catch-up recorded
+// without an id (by a relay of an earlier version) only; one started by
+// StartCatchUp ends with FinishCatchUp.
 func (t *Table) RecordProgress(ctx context.Context, q Querier, slot string, lastCommit time.Time, done bool) error {
 	if _, err := q.Exec(ctx, t.progress(recordProgressSQL), slot, lastCommit, done); err != nil {
 		return t.classify(fmt.Errorf("recording progress in %s: %w", t.ProgressTable(), err))

@@ -24,7 +24,8 @@ func TestProgressAndBacklogSince(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 10, b.Count, "no progress yet: every row")
 
-	require.NoError(t, tbl.StartCatchUp(ctx, db, "s"))
+	id, err := tbl.StartCatchUp(ctx, db, "s", true)
+	require.NoError(t, err)
 	p, ok, err := tbl.ReadProgress(ctx, db, "s")
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -36,7 +37,9 @@ func TestProgressAndBacklogSince(t *testing.T) {
 	p, _, err = tbl.ReadProgress(ctx, db, "s")
 	require.NoError(t, err)
 	require.True(t, p.CatchUpPending, "still due until a catch-up says done")
-	require.NoError(t, tbl.RecordProgress(ctx, db, "s", at(4), true))
+	ended, err := tbl.FinishCatchUp(ctx, db, "s", at(4), id)
+	require.NoError(t, err)
+	require.True(t, ended)
 	p, _, err = tbl.ReadProgress(ctx, db, "s")
 	require.NoError(t, err)
 	require.False(t, p.CatchUpPending)
@@ -154,4 +157,92 @@ func TestDeleteStreamed(t *testing.T) {
 	var left int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM outbox_events`).Scan(&left))
 	require.Equal(t, 6, left)
+}
+
+// TestCatchUpEndsOnlyItsOwn: relay A catches up on slot #1; the slot is
+// lost and relay B, making #2, records a catch-up of its own due; B stops
+// before it ends. A's catch-up ending late must leave B's due (its rows,
+// committed between A's snapshot and #2, are in no stream), and a relay
+// that then takes #2 does B's catch-up, whose end is its own.
+func TestCatchUpEndsOnlyItsOwn(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, tbl.DDL(DDLOptions{}))
+	ctx := context.Background()
+	require.NoError(t, tbl.EnsureProgressTable(ctx, db))
+	at := func(m int) time.Time { return time.Date(2026, 1, 1, 0, m, 0, 0, time.UTC) }
+
+	a, err := tbl.StartCatchUp(ctx, db, "s", true) // A: slot #1 made
+	require.NoError(t, err)
+	b, err := tbl.StartCatchUp(ctx, db, "s", true) // B: #1 lost, #2 made
+	require.NoError(t, err)
+	require.NotEqual(t, a, b)
+	ended, err := tbl.FinishCatchUp(ctx, db, "s", at(1), a) // A ends late
+	require.NoError(t, err)
+	require.False(t, ended)
+	p, _, err := tbl.ReadProgress(ctx, db, "s")
+	require.NoError(t, err)
+	require.True(t, p.CatchUpPending, "B's catch-up is still due")
+	require.Equal(t, b, p.CatchUpID)
+	require.True(t, p.LastCommit.Equal(at(1)), "what A read is published: %s", p.LastCommit)
+
+	// A standby waiting for #2 while B catches up records the same one due;
+	// the relay that takes #2 after B stopped does it and ends it.
+	c, err := tbl.StartCatchUp(ctx, db, "s", false)
+	require.NoError(t, err)
+	require.Equal(t, b, c)
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", at(2), true), "progress alone ends no catch-up with an id")
+	p, _, err = tbl.ReadProgress(ctx, db, "s")
+	require.NoError(t, err)
+	require.True(t, p.CatchUpPending)
+	ended, err = tbl.FinishCatchUp(ctx, db, "s", at(3), c)
+	require.NoError(t, err)
+	require.True(t, ended)
+	p, _, err = tbl.ReadProgress(ctx, db, "s")
+	require.NoError(t, err)
+	require.False(t, p.CatchUpPending)
+	require.True(t, p.LastCommit.Equal(at(3)))
+
+	// Done, a catch-up due again (the slot exists: say the progress was
+	// reset) gets a new id; the old one ends nothing.
+	d, err := tbl.StartCatchUp(ctx, db, "s", false)
+	require.NoError(t, err)
+	require.NotEqual(t, c, d)
+	ended, err = tbl.FinishCatchUp(ctx, db, "s", at(4), c)
+	require.NoError(t, err)
+	require.False(t, ended)
+	ended, err = tbl.FinishCatchUp(ctx, db, "other", at(4), d)
+	require.NoError(t, err)
+	require.False(t, ended, "a slot without a row")
+}
+
+// TestProgressTableOfAnEarlierVersionIsUpgraded: a progress table made
+// without catch_up_id gets it; a catch-up recorded due by an earlier
+// version (no id) is done again under an id of its own.
+func TestProgressTableOfAnEarlierVersionIsUpgraded(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("app.outbox", Columns{})
+	db := connect(t, tbl.DDL(DDLOptions{})+`
+		CREATE TABLE app.outbox_relay_progress (
+			slot text PRIMARY KEY,
+			last_commit timestamptz NULL,
+			catch_up_pending boolean NOT NULL DEFAULT false,
+			updated_at timestamptz NOT NULL DEFAULT now()
+		);
+		INSERT INTO app.outbox_relay_progress (slot, catch_up_pending) VALUES ('s', true);`)
+	ctx := context.Background()
+	require.NoError(t, tbl.EnsureProgressTable(ctx, db))
+	require.NoError(t, tbl.EnsureProgressTable(ctx, db), "twice")
+	p, ok, err := tbl.ReadProgress(ctx, db, "s")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.True(t, p.CatchUpPending)
+	require.Zero(t, p.CatchUpID)
+
+	id, err := tbl.StartCatchUp(ctx, db, "s", false)
+	require.NoError(t, err)
+	require.NotZero(t, id)
+	ended, err := tbl.FinishCatchUp(ctx, db, "s", time.Now(), id)
+	require.NoError(t, err)
+	require.True(t, ended)
 }

@@ -293,24 +293,54 @@ ORDER BY %[5]s, %[2]s`
 
 	// progressDDL (with %[14]s the progress table) creates the table where
 	// logical replication relays record, per slot, the last commit they
-	// published (progress.go).
+	// published and the catch-up due (progress.go). catch_up_id, added
+	// later, is added to a table made without it; the ALTER runs only then,
+	// as it takes a lock that would queue behind the table's readers.
 	progressDDL = `CREATE TABLE IF NOT EXISTS %[14]s (
 	slot text PRIMARY KEY,
 	last_commit timestamptz NULL,
 	catch_up_pending boolean NOT NULL DEFAULT false,
+	catch_up_id bigint NULL,
 	updated_at timestamptz NOT NULL DEFAULT now()
-);`
+);
+DO $ddl$ BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '%[14]s'::regclass AND attname = 'catch_up_id' AND NOT attisdropped) THEN
+		ALTER TABLE %[14]s ADD COLUMN IF NOT EXISTS catch_up_id bigint NULL;
+	END IF;
+END $ddl$;`
 
-	readProgressSQL = `SELECT last_commit, catch_up_pending FROM %[14]s WHERE slot = $1`
+	readProgressSQL = `SELECT last_commit, catch_up_pending, coalesce(catch_up_id, 0) FROM %[14]s WHERE slot = $1`
 
-	startCatchUpSQL = `INSERT INTO %[14]s (slot, catch_up_pending) VALUES ($1, true)
-ON CONFLICT (slot) DO UPDATE SET catch_up_pending = true, updated_at = now()`
-
-	// recordProgressSQL moves last_commit forward only; $3 ends a catch-up.
-	recordProgressSQL = `INSERT INTO %[14]s (slot, last_commit) VALUES ($1, $2)
+	// startCatchUpSQL (with %[14]s the progress table) records a catch-up of
+	// slot $1 due and returns its id: a new one when the slot is to be made
+	// ($2), when none was due or when the one due has none (recorded by an
+	// earlier version); else (the slot exists and its catch-up is still
+	// due: its relay stopped, or streams it now) the one due.
+	startCatchUpSQL = `INSERT INTO %[14]s AS p (slot, catch_up_pending, catch_up_id) VALUES ($1, true, 1)
 ON CONFLICT (slot) DO UPDATE SET
-	last_commit = greatest(%[14]s.last_commit, excluded.last_commit),
-	catch_up_pending = %[14]s.catch_up_pending AND NOT $3,
+	catch_up_id = CASE WHEN $2::boolean OR NOT p.catch_up_pending OR p.catch_up_id IS NULL
+		THEN coalesce(p.catch_up_id, 0) + 1 ELSE p.catch_up_id END,
+	catch_up_pending = true,
+	updated_at = now()
+RETURNING catch_up_id`
+
+	// finishCatchUpSQL (with %[14]s the progress table) records catch-up $3
+	// of slot $1 done, up to $2, and ends it only if it is still the one
+	// due; it returns whether it did.
+	finishCatchUpSQL = `UPDATE %[14]s AS p SET
+	last_commit = greatest(p.last_commit, $2::timestamptz),
+	catch_up_pending = p.catch_up_pending AND p.catch_up_id IS DISTINCT FROM $3::bigint,
+	updated_at = now()
+WHERE p.slot = $1
+RETURNING NOT p.catch_up_pending`
+
+	// recordProgressSQL moves last_commit forward only; $3 ends a catch-up
+	// recorded without an id only (by a relay of an earlier version): one
+	// with an id ends with finishCatchUpSQL.
+	recordProgressSQL = `INSERT INTO %[14]s AS p (slot, last_commit) VALUES ($1, $2)
+ON CONFLICT (slot) DO UPDATE SET
+	last_commit = greatest(p.last_commit, excluded.last_commit),
+	catch_up_pending = p.catch_up_pending AND NOT ($3::boolean AND p.catch_up_id IS NULL),
 	updated_at = now()`
 
 	// declareCatchUpSQL (with %[14]s what to read: the table, with its

@@ -54,6 +54,12 @@ type Relay struct {
 	// server can be made to do at exactly that point.
 	testHookBeforeClaim         func()
 	testHookBeforeStaleRollback func()
+	// testHookCatchUp, when set, runs in a catch-up of source
+	// LogicalReplication before each page is published (done false) and
+	// before the catch-up is recorded done (done true); an error ends the
+	// catch-up there. Tests use it to hold two relays' catch-ups in an order
+	// that no real server can be made to show.
+	testHookCatchUp func(ctx context.Context, done bool) error
 }
 
 // errNotStarted is the readiness error before the first pass.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -73,7 +74,7 @@ func (r *Relay) replicate(ctx context.Context) {
 // stream resumes at the last confirmed position).
 func (r *Relay) replicateOnce(ctx context.Context) error {
 	opts := logical.Options{Table: r.cfg.Table, Slot: r.cfg.Slot}
-	since, catchUp, err := r.prepareSlot(ctx, opts)
+	due, err := r.prepareSlot(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -82,13 +83,13 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 		return fmt.Errorf("streaming from slot %s: %w", r.cfg.Slot, err)
 	}
 	defer func() { _ = reader.Close(context.WithoutCancel(ctx)) }()
-	if catchUp {
+	if due != nil {
 		// The slot streams to this relay now, which proves its creation
 		// finished: every transaction that commits after its consistent
 		// point is in the stream, and every one that committed before is in
 		// the snapshot the catch-up reads next. No other relay streams
 		// while this one reads the table.
-		if err := r.catchUp(ctx, since, reader); err != nil {
+		if err := r.catchUp(ctx, *due, reader); err != nil {
 			return err
 		}
 	}
@@ -146,16 +147,24 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 	}
 }
 
+// catchUpDue is a catch-up that prepareSlot recorded due.
+type catchUpDue struct {
+	// since is the lower bound of the rows read (nil: every row).
+	since *time.Time
+	// id is the catch-up's, which only it ends.
+	id outbox.CatchUpID
+}
+
 // prepareSlot creates what the stream needs and says whether a catch-up is
-// due, and from when (nil: every row not marked dispatched). A slot that
-// was invalidated is dropped and made again, with a catch-up.
-func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (since *time.Time, catchUp bool, err error) {
+// due (nil: not), and from when. A slot that was invalidated is dropped and
+// made again, with a catch-up.
+func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUpDue, error) {
 	if err := r.cfg.Table.EnsureProgressTable(ctx, r.db); err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	st, err := logical.Status(ctx, r.db, r.cfg.Slot)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	if st.Exists && st.WALStatus == "lost" {
 		r.log.Error("Replication slot invalidated: the server removed WAL it had not streamed "+
@@ -163,42 +172,51 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (since *t
 			"slot", r.cfg.Slot, "catchUpMargin", r.cfg.CatchUpMargin.String())
 		r.cfg.Metrics.Errors.WithLabelValues(ErrorKindSlotInvalidated).Inc()
 		if err := logical.DropSlot(ctx, r.db, r.cfg.Slot); err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		st.Exists = false
 	}
 	p, ok, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	catchUp = !st.Exists || !ok || p.CatchUpPending
-	if catchUp {
-		if err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot); err != nil {
-			return nil, false, err
+	var due *catchUpDue
+	if !st.Exists || !ok || p.CatchUpPending {
+		// A new slot gets a catch-up of its own: one still running on the
+		// slot it replaces (a relay cut off from it) ends only its own.
+		id, err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot, !st.Exists)
+		if err != nil {
+			return nil, err
+		}
+		due = &catchUpDue{id: id}
+		if ok && p.LastCommit != nil {
+			t := p.LastCommit.Add(-r.cfg.CatchUpMargin)
+			due.since = &t
 		}
 	}
 	if err := logical.Setup(ctx, r.db, opts); err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	if ok && p.LastCommit != nil {
-		t := p.LastCommit.Add(-r.cfg.CatchUpMargin)
-		since = &t
-	}
-	return since, catchUp, nil
+	return due, nil
 }
 
-// catchUp publishes the rows not marked dispatched created since since
+// catchUp publishes the rows not marked dispatched created since due.since
 // (nil: every row; widened for a `timestamp` column) or without created_at,
 // read in one snapshot taken once the slot streams to this relay, then
-// records the catch-up done.
-func (r *Relay) catchUp(ctx context.Context, since *time.Time, reader *logical.Reader) error {
+// records the catch-up done, which ends it unless a newer one is due.
+func (r *Relay) catchUp(ctx context.Context, due catchUpDue, reader *logical.Reader) error {
 	start := time.Now()
-	since, err := r.cfg.Table.CatchUpSince(ctx, r.db, since)
+	since, err := r.cfg.Table.CatchUpSince(ctx, r.db, due.since)
 	if err != nil {
 		return fmt.Errorf("catching up: %w", err)
 	}
 	total := 0
 	snapshot, err := r.cfg.Table.CatchUp(ctx, r.db, since, r.cfg.BatchSize, func(page []outbox.Event) error {
+		if r.testHookCatchUp != nil {
+			if err := r.testHookCatchUp(ctx, false); err != nil {
+				return err
+			}
+		}
 		if err := r.publishStreamed(ctx, page, time.Now()); err != nil {
 			return err
 		}
@@ -211,8 +229,21 @@ func (r *Relay) catchUp(ctx context.Context, since *time.Time, reader *logical.R
 	if err != nil {
 		return err
 	}
-	if err := r.cfg.Table.RecordProgress(ctx, r.db, r.cfg.Slot, snapshot, true); err != nil {
+	if r.testHookCatchUp != nil {
+		if err := r.testHookCatchUp(ctx, true); err != nil {
+			return err
+		}
+	}
+	ended, err := r.cfg.Table.FinishCatchUp(ctx, r.db, r.cfg.Slot, snapshot, due.id)
+	if err != nil {
 		return err
+	}
+	if !ended {
+		// Another relay recorded a catch-up of a new slot while this one
+		// read the table: it stays due, and this relay starts over (its
+		// slot is most likely gone), to do it if it takes the new slot.
+		return fmt.Errorf("catching up on slot %s: published %d events, but the slot was made again meanwhile "+
+			"and its own catch-up is due: starting over", r.cfg.Slot, total)
 	}
 	r.log.Info("Caught up from the table before streaming", "slot", r.cfg.Slot, "events", total,
 		"since", fmtTime(since), "took", time.Since(start).String())
@@ -224,7 +255,10 @@ const minCoverEvery = time.Second
 
 // coverChildren adds the table's inheritance children that the publication
 // does not list (created after it, or left out by a publication FOR TABLE
-// ONLY) to the publication, and publishes the rows they hold: in one
+// ONLY), and its partitions that it does not cover (a publication that
+// lists some partitions, not the partitioned table: for instance the table
+// a migration to partitioning renamed and attached), to the publication,
+// and publishes the rows they hold: in one
 // transaction that first locks them against inserts (SHARE, which waits
 // for the transactions inserting into them to end), reads and publishes
 // their rows, and adds them, so every row of a child is either read here
@@ -245,9 +279,15 @@ func (r *Relay) coverChildren(ctx context.Context, opts logical.Options, reader 
 			}
 		}
 		// Under the locks: another relay of the table may have added some.
+		// One created meanwhile is not locked: the next look takes it.
+		locked := children
 		children, err = logical.Uncovered(ctx, tx, opts)
-		if err != nil || len(children) == 0 {
+		if err != nil {
 			return err
+		}
+		children = slices.DeleteFunc(children, func(c logical.Child) bool { return !slices.Contains(locked, c) })
+		if len(children) == 0 {
+			return nil
 		}
 		for _, c := range children {
 			err := r.cfg.Table.CatchUpChild(ctx, tx, c.Schema, c.Name, r.cfg.BatchSize, func(page []outbox.Event) error {
@@ -266,14 +306,26 @@ func (r *Relay) coverChildren(ctx context.Context, opts logical.Options, reader 
 	if err != nil {
 		return err
 	}
-	if len(children) > 0 {
-		names := make([]string, 0, len(children))
-		for _, c := range children {
+	if len(children) == 0 {
+		return nil
+	}
+	var names, parts []string
+	for _, c := range children {
+		if c.Partition {
+			parts = append(parts, c.String())
+		} else {
 			names = append(names, c.String())
 		}
-		r.log.Info("Added inheritance children of the table to the publication and published their rows",
-			"slot", r.cfg.Slot, "children", names, "events", total, "took", time.Since(start).String())
 	}
+	msg := "Added inheritance children of the table to the publication and published their rows"
+	if len(parts) > 0 {
+		// A publication of the partitioned table would cover new partitions
+		// from their creation, with no lock and no read of their rows.
+		msg = "Added tables of the table to the publication and published their rows; the publication lists " +
+			"some partitions but not the partitioned table: ALTER PUBLICATION ... ADD TABLE <the table> covers future ones"
+	}
+	r.log.Info(msg, "slot", r.cfg.Slot, "children", names, "partitions", parts, "events", total,
+		"took", time.Since(start).String())
 	return nil
 }
 

@@ -418,3 +418,117 @@ func TestReplicationCoversInheritanceChildren(t *testing.T) {
 	require.NoError(t, stop())
 	requireAtLeastOnce(t, b.readStream(t, b.stream), slices.Concat(c1, c2, parent))
 }
+
+// waitClosed waits for ch to be closed, failing after 60s.
+func waitClosed(t *testing.T, what string, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// A table migrated to partitioning while its relay streams: renamed,
+// attached as a partition of a new partitioned table of the old name,
+// whose other partitions take the new rows. The publication still lists
+// only the old table (by its oid), so those partitions' inserts are not
+// streamed: the relay adds them, with the rows they already hold, as it
+// adds inheritance children, and one created later too.
+func TestReplicationCoversPartitionsOfATableMigratedToPartitioning(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	// A slot of its own: slot names are per server, which tests share.
+	cfg := b.replicating(t, Config{Slot: "relay_partitions", BatchSize: 10, PollInterval: 100 * time.Millisecond})
+	stop := runInBackground(t, b.newRelay(t, cfg))
+	b.waitCaughtUp(t, cfg.Slot)
+	first := b.insertNow(t, 3)
+	b.waitStream(t, first)
+
+	_, err := b.db.Exec(ctx, `ALTER TABLE outbox_events RENAME TO outbox_old;
+		CREATE TABLE outbox_events (LIKE outbox_old INCLUDING DEFAULTS) PARTITION BY RANGE (created_at);
+		ALTER TABLE outbox_events ATTACH PARTITION outbox_old FOR VALUES FROM (MINVALUE) TO (now());
+		CREATE TABLE outbox_events_default PARTITION OF outbox_events DEFAULT`)
+	require.NoError(t, err)
+	second := b.insertNow(t, 4) // into outbox_events_default
+	b.waitStream(t, second)
+
+	_, err = b.db.Exec(ctx, `CREATE TABLE outbox_events_later PARTITION OF outbox_events FOR VALUES FROM ('2100-01-01') TO (MAXVALUE)`)
+	require.NoError(t, err)
+	third := b.insertIn(t, "UTC", `INSERT INTO outbox_events (event_type, payload, created_at)
+		SELECT 'later', '{}', '2100-01-02'::timestamptz FROM generate_series(1, 3) RETURNING id::text`)
+	b.waitStream(t, third)
+	fourth := b.insertNow(t, 2)
+	b.waitStream(t, fourth)
+	require.NoError(t, stop())
+	requireAtLeastOnce(t, b.readStream(t, b.stream), slices.Concat(first, second, third, fourth))
+
+	rows, err := b.db.Query(ctx, `SELECT tablename::text FROM pg_publication_tables WHERE pubname = 'outbox_events_pub' ORDER BY 1`)
+	require.NoError(t, err)
+	var listed []string
+	for rows.Next() {
+		var name string
+		require.NoError(t, rows.Scan(&name))
+		listed = append(listed, name)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"outbox_events_default", "outbox_events_later", "outbox_old"}, listed)
+}
+
+// A catch-up that ends after its slot was dropped and made again must not
+// record the new slot's catch-up done: relay A catches up on slot #1 and is
+// held before it records that; rows are committed (in slot #1's stream
+// only) and slot #1 is dropped; relay B makes slot #2, records its
+// catch-up due and is stopped before it publishes anything; then A records
+// its catch-up done. The rows committed between A's snapshot and slot #2
+// are in no stream: the next relay on slot #2 must catch up again.
+func TestReplicationOutdatedCatchUpLeavesTheNewSlotsCatchUpDue(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	cfg := b.replicating(t, Config{Slot: "relay_outdated_catch_up", BatchSize: 10})
+	before := b.insertNow(t, 3)
+
+	aAt, aGo := make(chan struct{}), make(chan struct{})
+	var aHeld atomic.Bool
+	a := b.newRelay(t, cfg)
+	a.testHookCatchUp = func(ctx context.Context, done bool) error {
+		if !done || !aHeld.CompareAndSwap(false, true) {
+			return nil
+		}
+		close(aAt)
+		select {
+		case <-aGo:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	stopA := runInBackground(t, a)
+	waitClosed(t, "relay A at the end of its catch-up", aAt)
+	b.waitStream(t, before)
+
+	gap := b.insertNow(t, 5) // after A's snapshot, in slot #1's stream only
+	require.NoError(t, logical.DropSlot(ctx, b.db, cfg.Slot))
+
+	bAt := make(chan struct{})
+	var bHeld atomic.Bool
+	rb := b.newRelay(t, cfg)
+	rb.testHookCatchUp = func(ctx context.Context, _ bool) error {
+		if bHeld.CompareAndSwap(false, true) {
+			close(bAt)
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	stopB := runInBackground(t, rb)
+	waitClosed(t, "relay B in its catch-up on slot #2", bAt)
+	require.NoError(t, stopB())
+
+	// A records its catch-up done, finds its slot gone and takes slot #2.
+	close(aGo)
+	b.waitStream(t, gap)
+	require.NoError(t, stopA())
+	requireAtLeastOnce(t, b.readStream(t, b.stream), append(before, gap...))
+}
