@@ -2,6 +2,7 @@ package logical
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
@@ -41,6 +42,11 @@ type Options struct {
 	// status update while it waits (0: DefaultStatusInterval). Keep it well
 	// below the server's wal_sender_timeout.
 	StatusInterval time.Duration
+	// BeforeCreateSlot, when set, runs in Setup right before it creates the
+	// slot, only when the slot is missing; its error stops Setup before the
+	// slot exists. What the slot cannot stream (every commit before it) is
+	// the caller's to record first: a relay marks a catch-up due.
+	BeforeCreateSlot func(ctx context.Context) error
 }
 
 // withDefaults validates o and fills in the defaults.

@@ -47,7 +47,7 @@ func Setup(ctx context.Context, q outbox.Querier, o Options) error {
 	if err := setupPublication(ctx, q, o); err != nil {
 		return fmt.Errorf("publication %s: %w", o.Publication, err)
 	}
-	if err := setupSlot(ctx, q, o.Slot); err != nil {
+	if err := setupSlot(ctx, q, o.Slot, o.BeforeCreateSlot); err != nil {
 		return fmt.Errorf("replication slot %s: %w", o.Slot, err)
 	}
 	return nil
@@ -86,11 +86,16 @@ func setupPublication(ctx context.Context, q outbox.Querier, o Options) error {
 
 // setupSlot creates the slot unless it exists, then checks that it is one
 // a Reader of this database can stream from.
-func setupSlot(ctx context.Context, q outbox.Querier, slot string) error {
+func setupSlot(ctx context.Context, q outbox.Querier, slot string, beforeCreate func(context.Context) error) error {
 	var plugin, walStatus *string
 	var here *bool
 	err := q.QueryRow(ctx, slotSQL, slot).Scan(&plugin, &here, &walStatus)
 	if errors.Is(err, pgx.ErrNoRows) {
+		if beforeCreate != nil {
+			if err := beforeCreate(ctx); err != nil {
+				return err
+			}
+		}
 		if _, err := q.Exec(ctx, createSlotSQL, slot); err != nil && !isDuplicate(err) {
 			return fmt.Errorf("creating: %w", classify(err))
 		}

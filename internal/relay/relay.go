@@ -60,6 +60,9 @@ type Relay struct {
 	// catch-up there. Tests use it to hold two relays' catch-ups in an order
 	// that no real server can be made to show.
 	testHookCatchUp func(ctx context.Context, done bool) error
+	// testHookBeforeSetup runs in the preparation of a slot after it read the
+	// slot's status and progress, before Setup (which creates a missing slot).
+	testHookBeforeSetup func(ctx context.Context)
 }
 
 // errNotStarted is the readiness error before the first pass.

@@ -181,18 +181,37 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 		return nil, err
 	}
 	var due *catchUpDue
-	if !st.Exists || !ok || p.CatchUpPending {
+	startCatchUp := func(ctx context.Context, newSlot bool) error {
 		// A new slot gets a catch-up of its own: one still running on the
 		// slot it replaces (a relay cut off from it) ends only its own.
-		id, err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot, !st.Exists)
+		id, err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot, newSlot)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		due = &catchUpDue{id: id}
 		if ok && p.LastCommit != nil {
 			t := p.LastCommit.Add(-r.cfg.CatchUpMargin)
 			due.since = &t
 		}
+		return nil
+	}
+	if !st.Exists || !ok || p.CatchUpPending {
+		if err := startCatchUp(ctx, !st.Exists); err != nil {
+			return nil, err
+		}
+	}
+	// The slot was there, with nothing due, when this relay looked; if it is
+	// gone by the time Setup would create it (another relay dropped it as
+	// lost, and may not have recorded its catch-up yet, or never will), the
+	// slot this relay creates needs a catch-up, recorded due first.
+	opts.BeforeCreateSlot = func(ctx context.Context) error {
+		if due != nil {
+			return nil
+		}
+		return startCatchUp(ctx, true)
+	}
+	if r.testHookBeforeSetup != nil {
+		r.testHookBeforeSetup(ctx)
 	}
 	if err := logical.Setup(ctx, r.db, opts); err != nil {
 		return nil, err

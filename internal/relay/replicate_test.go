@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -531,4 +532,44 @@ func TestReplicationOutdatedCatchUpLeavesTheNewSlotsCatchUpDue(t *testing.T) {
 	b.waitStream(t, gap)
 	require.NoError(t, stopA())
 	requireAtLeastOnce(t, b.readStream(t, b.stream), append(before, gap...))
+}
+
+// TestReplicationSlotDroppedAfterItWasSeenGetsACatchUp: a relay finds its
+// slot there and nothing due, and the slot is dropped before the relay's
+// Setup runs (another relay dropped it as lost, and had not recorded its
+// catch-up, or stopped first). The relay creates the slot again; the rows
+// the dropped slot held, and those committed while there was none, are in
+// no stream: the relay records a catch-up due before it creates the slot,
+// and publishes them from the table.
+func TestReplicationSlotDroppedAfterItWasSeenGetsACatchUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	cfg := b.replicating(t, Config{BatchSize: 50, Slot: "relay_test_dropped"})
+	stop := runInBackground(t, b.newRelay(t, cfg))
+	first := b.insertNow(t, 10)
+	b.waitStream(t, first)
+	b.waitCaughtUp(t, cfg.Slot)
+	require.NoError(t, stop())
+
+	held := b.insertNow(t, 10) // in the slot's WAL, not yet streamed
+	r := b.newRelay(t, cfg)
+	var gap []string
+	dropped := make(chan struct{})
+	var once sync.Once
+	r.testHookBeforeSetup = func(ctx context.Context) {
+		once.Do(func() {
+			defer close(dropped)
+			if err := logical.DropSlot(ctx, b.db, cfg.Slot); err != nil {
+				t.Errorf("dropping the slot: %v", err)
+			}
+			gap = b.insertNow(t, 10) // committed while there is no slot
+		})
+	}
+	stop = runInBackground(t, r)
+	<-dropped
+	b.waitStream(t, slices.Concat(first, held, gap))
+	later := b.insertNow(t, 5)
+	b.waitStream(t, later)
+	require.NoError(t, stop())
+	requireAtLeastOnce(t, b.readStream(t, b.stream), slices.Concat(first, held, gap, later))
 }
