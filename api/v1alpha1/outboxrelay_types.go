@@ -184,7 +184,9 @@ type RedisSpec struct {
 
 	// autoReplay makes the relays republish, by themselves, the rows
 	// dispatched in the window of a stream reset they detect (the stream
-	// lost entries), at most cleanup.retention back. Off: the reset is
+	// lost entries), at most cleanup.retention back; with source
+	// LogicalReplication, which marks no row, every row created in the
+	// cleanup.retention before the reset's detection. Off: the reset is
 	// shown in the StreamIntact condition for a person to replay.
 	// +optional
 	AutoReplay bool `json:"autoReplay,omitempty"`
@@ -533,7 +535,6 @@ type LogicalReplicationSpec struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.cleanup.mode) || self.cleanup.mode != 'OnDispatch' || !has(self.redis.autoReplay) || !self.redis.autoReplay",message="cleanup.mode OnDispatch deletes the rows that redis.autoReplay would republish: use one or the other"
 // +kubebuilder:validation:XValidation:rule="!has(self.ordering) || self.ordering != 'PerKey' || has(self.postgres.columns.key)",message="ordering PerKey needs postgres.columns.key: the column whose events are ordered per value"
 // +kubebuilder:validation:XValidation:rule="!has(self.source) || self.source != 'LogicalReplication' || !has(self.cleanup.mode) || self.cleanup.mode != 'OnDispatch'",message="source LogicalReplication reads the rows from the WAL and never claims them, so there is nothing for cleanup.mode OnDispatch to delete: leave cleanup.mode at AfterRetention"
-// +kubebuilder:validation:XValidation:rule="!has(self.source) || self.source != 'LogicalReplication' || !has(self.redis.autoReplay) || !self.redis.autoReplay",message="source LogicalReplication marks no row dispatched, so redis.autoReplay has no dispatch times to replay from: turn redis.autoReplay off"
 // +kubebuilder:validation:XValidation:rule="!has(self.source) || self.source != 'LogicalReplication' || !has(self.ordering) || self.ordering != 'PerKey'",message="source LogicalReplication has one reader per slot, in commit order: ordering PerKey (key partitions over many relays) does not apply; use None or Strict"
 type OutboxRelaySpec struct {
 	// postgres says where the outbox table is.

@@ -133,8 +133,6 @@ func testAdmissionRejectsInvalidRelays(t *testing.T, s *suite) {
 			[]string{"spec.source", "Unsupported value"}},
 		{"LogicalReplicationWithOnDispatch", map[string]any{"spec.source": "LogicalReplication", "spec.cleanup.mode": "OnDispatch"},
 			[]string{"source LogicalReplication reads the rows from the WAL", "cleanup.mode OnDispatch"}},
-		{"LogicalReplicationWithAutoReplay", map[string]any{"spec.source": "LogicalReplication", "spec.redis.autoReplay": true},
-			[]string{"source LogicalReplication marks no row dispatched", "turn redis.autoReplay off"}},
 		{"LogicalReplicationWithPerKey", map[string]any{"spec.source": "LogicalReplication", "spec.ordering": "PerKey", "spec.postgres.columns.key": "aggregate_id"},
 			[]string{"source LogicalReplication has one reader per slot", "ordering PerKey"}},
 		{"MaxRetainedWALZero", map[string]any{"spec.logicalReplication.maxRetainedWAL": "0"},
@@ -220,6 +218,14 @@ func testAdmissionRejectsInvalidRelays(t *testing.T, s *suite) {
 			"spec.cleanup.schedule":                      "*/15 0-6 1,15 JAN-MAR MON-FRI",
 			"spec.relay.pollInterval":                    "10ms",
 			"spec.redis.stream":                          "{tenant}:orders.events",
+		})
+		require.NoError(t, s.c.Create(context.Background(), u))
+	})
+	t.Run("LogicalReplicationWithAutoReplayIsAccepted", func(t *testing.T) {
+		t.Parallel()
+		u := rawRelay(ns, "slot-auto-replay", map[string]any{
+			"spec.source":           "LogicalReplication",
+			"spec.redis.autoReplay": true,
 		})
 		require.NoError(t, s.c.Create(context.Background(), u))
 	})

@@ -157,7 +157,9 @@ type Config struct {
 	Dispatch outbox.Dispatch
 	// AutoReplay makes the relay republish, by itself, the rows dispatched
 	// in the window of a stream reset it detected, at most
-	// AutoReplayMaxWindow back (streamloss.go).
+	// AutoReplayMaxWindow back (streamloss.go); with source
+	// LogicalReplication, the rows created in that time before the window's
+	// end.
 	AutoReplay bool
 	// AutoReplayMaxWindow bounds how far back an automatic replay goes;
 	// default DefaultAutoReplayMaxWindow.
@@ -293,9 +295,6 @@ func (c Config) validateSource() error {
 	if c.Dispatch == outbox.DeleteOnDispatch {
 		errs = append(errs, errors.New("source LogicalReplication never touches the rows it streams: "+
 			"cleanup mode OnDispatch applies to polling only (delete rows in the application, or by age with relay cleanup)"))
-	}
-	if c.AutoReplay {
-		errs = append(errs, errors.New("source LogicalReplication marks no row dispatched, so auto-replay has nothing to replay from"))
 	}
 	if c.Ordering == OrderingPerKey {
 		errs = append(errs, errors.New("source LogicalReplication streams every event in commit order through one relay: "+

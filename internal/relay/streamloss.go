@@ -338,16 +338,18 @@ func (r *Relay) recordResets(ctx context.Context) {
 }
 
 // autoReplay republishes the rows dispatched in a reset's window, at most
-// AutoReplayMaxWindow back, and marks the reset replayed. (Source
-// LogicalReplication marks no row dispatched and refuses AutoReplay:
-// `relay replay --source LogicalReplication` replays its resets.)
+// AutoReplayMaxWindow back, and marks the reset replayed. Source
+// LogicalReplication marks no row dispatched: its relay republishes every
+// row created in the AutoReplayMaxWindow before the window's end
+// (ReplayWindow), as `relay replay --source LogicalReplication` does.
 func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
-	since, until := ReplayWindow(reset.WindowStart, reset.WindowEnd, false)
+	created := r.cfg.Source == SourceLogicalReplication
+	since, until := ReplayWindow(reset.WindowStart, reset.WindowEnd, created)
 	if floor := time.Now().Add(-r.cfg.AutoReplayMaxWindow); since.Before(floor) {
 		since = floor
 	}
 	res, err := Replay(ctx, r.cfg.Table, r.db, r.rdb, ReplayOptions{
-		Stream: r.cfg.Stream, Since: since, Until: until, BatchSize: r.cfg.BatchSize,
+		Stream: r.cfg.Stream, Since: since, Until: until, Created: created, BatchSize: r.cfg.BatchSize,
 		PublishTimeout: r.cfg.PublishTimeout, MaxPayloadBytes: r.cfg.MaxPayloadBytes,
 		WaitReplicas: r.cfg.WaitReplicas, WaitTimeout: r.cfg.WaitTimeout,
 		// The window recorded, not the clamped one, is what is marked.

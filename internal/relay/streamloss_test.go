@@ -221,6 +221,33 @@ func TestAutoReplay(t *testing.T) {
 	require.GreaterOrEqual(t, testutilCounter(r.cfg.Metrics.stream.ReplayedEvents), 40.0)
 }
 
+// TestAutoReplayFromASlot: a relay of source LogicalReplication marks no
+// row dispatched, so its automatic replay selects rows by created_at: every
+// event the stream lost is published again, the rows stay unmarked, and the
+// reset is marked replayed.
+func TestAutoReplayFromASlot(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	r := b.newRelay(t, b.replicating(t, Config{Slot: "relay_test_auto_replay", BatchSize: 10, AutoReplay: true,
+		StreamCheckInterval: 50 * time.Millisecond}))
+	stop := runInBackground(t, r)
+	ids := b.insert(t, 40)
+	b.waitStream(t, ids)
+	require.NoError(t, b.rdb.FlushAll(context.Background()).Err())
+	more := b.insert(t, 5) // streamed to the new stream meanwhile
+	b.waitStream(t, append(ids, more...))
+	waitFor(t, "the reset marked replayed", func() bool {
+		p, err := b.table.PendingStreamResets(context.Background(), b.db, b.stream)
+		require.NoError(t, err)
+		return p.Count == 0
+	})
+	require.NoError(t, stop())
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+	require.GreaterOrEqual(t, testutilCounter(r.cfg.Metrics.stream.ReplayedEvents), 40.0)
+	require.Zero(t, b.dispatchedRows(t), "a replay leaves the rows as they are")
+}
+
 // TestResetFoundAtShutdownIsRecorded: a reset the relay found just before
 // it was stopped is in the stream-resets table when Run returns, so the
 // process cannot exit between finding it and recording it (the record is
