@@ -183,10 +183,13 @@ func (r *Relay) openOwnership(ctx context.Context) (*ownership, error) {
 // one of theirs, with a larger epoch, had published.
 func (o *ownership) fenceField(p int64) string { return o.field + strconv.FormatInt(p, 10) }
 
-// maintain rebalances every StandbyPoll (which also keeps the session from
-// idling out) and closes lost when the session fails.
+// maintain rebalances every StandbyPoll, or every half LeaderTimeout when
+// that is shorter (a round also keeps the session from idling out: a
+// LeaderTimeout of 1s would otherwise end it between two rounds of 1s),
+// and closes lost when the session fails.
 func (o *ownership) maintain(ctx context.Context) {
 	start := rand.IntN(o.partitions) // spread the first picks of relays starting together
+	every := min(o.r.cfg.StandbyPoll, o.r.cfg.LeaderTimeout/2)
 	for ctx.Err() == nil {
 		if err := o.rebalance(ctx, start); err != nil {
 			if ctx.Err() == nil {
@@ -195,7 +198,7 @@ func (o *ownership) maintain(ctx context.Context) {
 			}
 			return
 		}
-		sleep(ctx, o.r.cfg.StandbyPoll, nil)
+		sleep(ctx, every, nil)
 	}
 }
 

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -406,4 +408,22 @@ func TestStrictTablesSharingAStreamEachPublish(t *testing.T) {
 		return b.backlog(t) == 0 && ob.backlog(t) == 0
 	}))
 	require.Len(t, b.readStream(t, b.stream), 120)
+}
+
+// TestShortLeaderTimeoutKeepsTheOwnership: with the shortest leader timeout
+// (1s, the session's idle_session_timeout) and the default rebalance
+// period (1s), the ownership session is used often enough to live: the
+// leader keeps its partition instead of losing it, and taking it again,
+// every round.
+func TestShortLeaderTimeoutKeepsTheOwnership(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	var logs syncbuf.Buffer
+	r := b.newRelay(t, Config{Ordering: OrderingStrict, LeaderTimeout: time.Second, Logger: newTestLogger(&logs)})
+	stop := runInBackground(t, r)
+	waitFor(t, "the leader owns its partition", func() bool { return strings.Contains(logs.String(), "Key partitions owned") })
+	time.Sleep(5 * time.Second)
+	require.NoError(t, stop())
+	require.NotContains(t, logs.String(), "Ownership session failed")
+	require.Equal(t, 1, strings.Count(logs.String(), "Key partitions owned"), "the partition taken once")
 }
