@@ -47,9 +47,11 @@ import (
 //     partition stays locked by a former owner for a claim to skip.
 //  2. Each acquisition takes an epoch: the transaction id PostgreSQL assigns,
 //     larger than any before. Every publish is one Lua script that refuses an
-//     epoch older than the partition's fence in Redis (field p of the hash
-//     <stream>:fence) and raises it: once a new owner has published, a former
-//     owner that wakes up cannot add an entry of that partition.
+//     epoch older than the partition's fence in Redis (field
+//     <database>/<table>/<p> of the hash <stream>:fence: tables that share a
+//     stream are orderings of their own, each with its own leaders and
+//     epochs) and raises it: once a new owner has published, a former owner
+//     that wakes up cannot add an entry of that partition.
 //  3. Within one relay, the pipeline publishes in claim order and, when a
 //     batch fails, rolls back every batch claimed after it (Relay.pipeline).
 type ownership struct {
@@ -63,6 +65,7 @@ type ownership struct {
 	fencing map[int64]bool // held, but the former owner's batches may still run
 
 	pid       uint32
+	field     string                  // "<database>/<table>/": the prefix of the partitions' fields in the fence hash
 	claimable atomic.Pointer[[]int64] // held and fenced: what the claimer may take
 	epoch     atomic.Int64
 	lost      chan struct{} // closed when the session fails
@@ -160,6 +163,12 @@ func (r *Relay) openOwnership(ctx context.Context) (*ownership, error) {
 		return nil, fmt.Errorf("setting idle_session_timeout on the ownership session (ordering %s needs PostgreSQL 14 or later): %w",
 			r.cfg.Ordering, err)
 	}
+	var database string
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&database); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("reading the database of the ownership session: %w", err)
+	}
+	o.field = database + "/" + r.cfg.Table.String() + "/"
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared($1)", o.keys.member); err != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("joining the relays of %s: %w", r.cfg.Table, err)
@@ -167,10 +176,20 @@ func (r *Relay) openOwnership(ctx context.Context) (*ownership, error) {
 	return o, nil
 }
 
-// maintain rebalances every StandbyPoll (which also keeps the session from
-// idling out) and closes lost when the session fails.
+// fenceField is partition p's field in the stream's fence hash. The fences
+// of a stream are per table (and database): the relays of another table
+// publishing to the same stream have leaders and epochs of their own, and
+// a fence shared with them would refuse this table's batches for good once
+// one of theirs, with a larger epoch, had published.
+func (o *ownership) fenceField(p int64) string { return o.field + strconv.FormatInt(p, 10) }
+
+// maintain rebalances every StandbyPoll, or every half LeaderTimeout when
+// that is shorter (a round also keeps the session from idling out: a
+// LeaderTimeout of 1s would otherwise end it between two rounds of 1s),
+// and closes lost when the session fails.
 func (o *ownership) maintain(ctx context.Context) {
 	start := rand.IntN(o.partitions) // spread the first picks of relays starting together
+	every := min(o.r.cfg.StandbyPoll, o.r.cfg.LeaderTimeout/2)
 	for ctx.Err() == nil {
 		if err := o.rebalance(ctx, start); err != nil {
 			if ctx.Err() == nil {
@@ -179,7 +198,7 @@ func (o *ownership) maintain(ctx context.Context) {
 			}
 			return
 		}
-		sleep(ctx, o.r.cfg.StandbyPoll, nil)
+		sleep(ctx, every, nil)
 	}
 }
 
@@ -356,8 +375,8 @@ func (o *ownership) fence(ctx context.Context, tx pgx.Tx, parts []int64) (int64,
 // MAXLEN ~ when maxlen > 0; with a key field when withKey is 1). It returns
 // the count added and the last entry's id.
 //
-// KEYS: stream, fence hash. ARGV: epoch, maxlen, withKey, n, n partitions,
-// then the entries' fields.
+// KEYS: stream, fence hash. ARGV: epoch, maxlen, withKey, n, the n
+// partitions' fields in the fence hash, then the entries' fields.
 var fencedXAdd = redis.NewScript(`
 local epoch = tonumber(ARGV[1])
 local maxlen = tonumber(ARGV[2])
@@ -391,8 +410,9 @@ end
 return {added, last}
 `)
 
-// FenceKey is the Redis hash holding, per key partition, the epoch of the
-// newest owner that published it to stream.
+// FenceKey is the Redis hash holding, per table and key partition
+// (ownership.fenceField), the epoch of the newest owner that published it
+// to stream.
 func FenceKey(stream string) string { return stream + ":fence" }
 
 // publishFenced adds the events not marked in skip, in order, with epoch,
@@ -422,7 +442,7 @@ func (o *ownership) publishFenced(ctx context.Context, epoch int64, events []out
 	}
 	args := []any{epoch, o.r.cfg.MaxLen, wk, len(parts)}
 	for _, p := range parts {
-		args = append(args, p)
+		args = append(args, o.fenceField(p))
 	}
 	args = append(args, fields...)
 	stream := o.r.cfg.Stream

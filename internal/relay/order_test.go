@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -189,7 +191,10 @@ func TestEpochAboveAFenceFromTransactionIDsThatWentBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
 	ctx := context.Background()
-	require.NoError(t, b.rdb.HSet(ctx, FenceKey(b.stream), "0", "999999999999").Err())
+	var database string
+	require.NoError(t, b.db.QueryRow(ctx, `SELECT current_database()`).Scan(&database))
+	field := database + "/outbox_events/0" // the table's partition 0 (ownership.fenceField)
+	require.NoError(t, b.rdb.HSet(ctx, FenceKey(b.stream), field, "999999999999").Err())
 	ids := b.insert(t, 30)
 	r := b.newRelay(t, Config{Ordering: OrderingStrict, BatchSize: 10, LeaderTimeout: 2 * time.Second,
 		StandbyPoll: 50 * time.Millisecond})
@@ -197,7 +202,7 @@ func TestEpochAboveAFenceFromTransactionIDsThatWentBack(t *testing.T) {
 	waitFor(t, "drained past the fence", func() bool { return b.backlog(t) == 0 })
 	require.NoError(t, stop())
 	requireFirstOccurrencesInOrder(t, b.readStream(t, b.stream), ids)
-	fence, err := b.rdb.HGet(ctx, FenceKey(b.stream), "0").Int64()
+	fence, err := b.rdb.HGet(ctx, FenceKey(b.stream), field).Int64()
 	require.NoError(t, err)
 	require.Equal(t, int64(1_000_000_000_000), fence, "the epoch one above the fence it found")
 }
@@ -369,4 +374,56 @@ func TestARowCommittedBelowTheFrontierIsPublished(t *testing.T) {
 	require.Len(t, ids, 401)
 	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
 	require.Contains(t, ids, <-late)
+}
+
+// TestStrictTablesSharingAStreamEachPublish: two outbox tables, each with
+// its Strict relay, publish to one stream. Each table is its own ordering
+// (its own leader lock), so each needs its own fence in Redis: with one
+// fence per stream, the relay that took its leadership last raised the
+// fence above the other's epoch, and the other was refused (FENCED) for
+// good, its outbox stalled.
+func TestStrictTablesSharingAStreamEachPublish(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	other := outbox.MustNew("outbox_more", outbox.Columns{})
+	_, err := b.db.Exec(context.Background(), other.DDL(outbox.DDLOptions{}))
+	require.NoError(t, err)
+	ob := *b
+	ob.table = other
+	cfg := Config{Ordering: OrderingStrict, BatchSize: 10, LeaderTimeout: 2 * time.Second, StandbyPoll: 50 * time.Millisecond}
+	insertInto := func(table string, n int) {
+		_, err := b.db.Exec(context.Background(), `INSERT INTO `+table+` (event_type, payload)
+			SELECT 't', g::text FROM generate_series(1, $1) g`, n)
+		require.NoError(t, err)
+	}
+	insertInto("outbox_events", 30)
+	insertInto("outbox_more", 30)
+	runInBackground(t, b.newRelay(t, cfg))
+	waitFor(t, "the first table drained", func() bool { return b.backlog(t) == 0 })
+	runInBackground(t, ob.newRelay(t, cfg)) // a newer leadership: its epoch is above the first one's
+	waitFor(t, "the second table drained", func() bool { return ob.backlog(t) == 0 })
+	insertInto("outbox_events", 30)
+	insertInto("outbox_more", 30)
+	testenv.Eventually(t, 20*time.Second, "both tables drained again", testenv.True(func() bool {
+		return b.backlog(t) == 0 && ob.backlog(t) == 0
+	}))
+	require.Len(t, b.readStream(t, b.stream), 120)
+}
+
+// TestShortLeaderTimeoutKeepsTheOwnership: with the shortest leader timeout
+// (1s, the session's idle_session_timeout) and the default rebalance
+// period (1s), the ownership session is used often enough to live: the
+// leader keeps its partition instead of losing it, and taking it again,
+// every round.
+func TestShortLeaderTimeoutKeepsTheOwnership(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	var logs syncbuf.Buffer
+	r := b.newRelay(t, Config{Ordering: OrderingStrict, LeaderTimeout: time.Second, Logger: newTestLogger(&logs)})
+	stop := runInBackground(t, r)
+	waitFor(t, "the leader owns its partition", func() bool { return strings.Contains(logs.String(), "Key partitions owned") })
+	time.Sleep(5 * time.Second)
+	require.NoError(t, stop())
+	require.NotContains(t, logs.String(), "Ownership session failed")
+	require.Equal(t, 1, strings.Count(logs.String(), "Key partitions owned"), "the partition taken once")
 }

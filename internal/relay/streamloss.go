@@ -236,11 +236,14 @@ func (r *Relay) checkStream(ctx context.Context) {
 }
 
 // setConsumed records the position below which every consumer group has
-// read and acknowledged (a stream id), from the watch loop.
+// read and acknowledged (a stream id; "": no group), from the watch loop.
+// It is the position now, not the highest seen: a group created at 0, or
+// moved back (XGROUP SETID), has not read what the others had, and a reset
+// may take entries it never saw.
 func (g *streamGuard) setConsumed(bound string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.consumedMs = max(g.consumedMs, idMs(bound))
+	g.consumedMs = idMs(bound)
 }
 
 // takePending returns the resets not yet recorded and forgets them.
@@ -274,7 +277,7 @@ func (r *Relay) watchStream(ctx context.Context) {
 		if now.Sub(lastCheck) >= r.cfg.StreamCheckInterval {
 			lastCheck = now
 			r.checkStream(ctx)
-			if bound, _, err := groupsBound(ctx, r.rdb, r.cfg.Stream, r.cfg.PublishTimeout); err == nil && bound != "" {
+			if bound, _, err := groupsBound(ctx, r.rdb, r.cfg.Stream, r.cfg.PublishTimeout); err == nil {
 				r.stream.setConsumed(bound)
 			}
 		}

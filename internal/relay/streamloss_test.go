@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -365,4 +366,52 @@ func (b *testBundle) waitPendingReset(t *testing.T) outbox.PendingResets {
 		return p.Count == 1
 	})
 	return p
+}
+
+// TestStreamResetWindowCoversAGroupCreatedAtTheStart: a consumer group
+// created at 0 (a new service reading the stream's history) after the other
+// groups had read everything has read nothing yet. A reset then may have
+// taken entries it never saw, back to the stream's first entry: the window
+// starts there, not where the other groups had got to, and the replay of
+// the recorded window gives it every event.
+func TestStreamResetWindowCoversAGroupCreatedAtTheStart(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	// Events published ten minutes ago: their rows dispatched then, their
+	// entries' ids of then.
+	old := b.insert(t, 20)
+	var then time.Time
+	require.NoError(t, b.db.QueryRow(ctx, `UPDATE outbox_events SET dispatched_at = now() - interval '10 minutes'
+		RETURNING dispatched_at`).Scan(&then))
+	for i, id := range old {
+		require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, ID: fmt.Sprintf("%d-%d", then.UnixMilli(), i+1),
+			Values: []string{FieldEventID, id, FieldEventType, "order_created", FieldPayload, "{}"}}).Err())
+	}
+	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: 20 * time.Millisecond})
+	runInBackground(t, r)
+	recent := b.insert(t, 10)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) == 30 })
+	// A group that has read everything, then one created at the start.
+	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "uptodate", "$").Err())
+	time.Sleep(200 * time.Millisecond) // a few checks of the groups
+	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "fromthestart", "0").Err())
+	time.Sleep(200 * time.Millisecond)
+
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	var p outbox.PendingResets
+	waitFor(t, "the reset recorded", func() bool {
+		var err error
+		p, err = b.table.PendingStreamResets(ctx, b.db, b.stream)
+		require.NoError(t, err)
+		return p.Count == 1
+	})
+	require.False(t, p.WindowStart.After(then), "the window starts at %s, after the dispatch of the events the new group "+
+		"had not read (%s)", p.WindowStart, then)
+	since, until := ReplayWindow(*p.WindowStart, *p.WindowEnd, false)
+	_, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: until})
+	require.NoError(t, err)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), append(old, recent...))
 }

@@ -322,13 +322,19 @@ func watchOwners(name string) (seen func() []string, stop func()) {
 		}
 }
 
-func fenceEpoch(stream, partition string) int64 {
-	s, err := rdb.HGet(ctx, stream+":fence", partition).Result()
+// fenceEpoch is the highest fence of the stream's fence hash (one field per
+// table and key partition; the stream is the table's alone).
+func fenceEpoch(stream string) int64 {
+	vals, err := rdb.HVals(ctx, stream+":fence").Result()
 	if err != nil {
 		return 0
 	}
-	n, _ := strconv.ParseInt(s, 10, 64)
-	return n
+	var highest int64
+	for _, s := range vals {
+		n, _ := strconv.ParseInt(s, 10, 64)
+		highest = max(highest, n)
+	}
+	return highest
 }
 
 // orderingScenarios are the ordering scenarios of the suite's ordered
@@ -367,7 +373,7 @@ func orderingScenarios() {
 		}()
 		Eventually(func() int64 { return streamLen(stream) }).WithTimeout(time.Minute).Should(BeNumerically(">=", n/5),
 			"the leader publishes")
-		epochBefore := fenceEpoch(stream, "0")
+		epochBefore := fenceEpoch(stream)
 		Expect(epochBefore).To(BeNumerically(">", 0))
 
 		By("a rollout mid-drain (relay.batchSize 20 -> 25 changes the pod template)")
@@ -406,7 +412,7 @@ func orderingScenarios() {
 		// leader that took over between two polls: it reports the handoffs
 		// it saw; the assertions below rest on what was read directly.
 		leaders := seen()
-		epochAfter := fenceEpoch(stream, "0")
+		epochAfter := fenceEpoch(stream)
 		_, _ = fmt.Fprintf(GinkgoWriter,
 			"Strict across a rollout: %s; rollout done at %s, drained at %s; leaders seen %v (first %s, now %v); fence epoch %d -> %d\n",
 			rep, rolled.Round(time.Millisecond), drained.Round(time.Millisecond), leaders, firstLeader, finalLeader, epochBefore, epochAfter)
