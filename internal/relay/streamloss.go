@@ -348,8 +348,16 @@ func (r *Relay) recordResets(ctx context.Context) {
 func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	created := r.cfg.Source == SourceLogicalReplication
 	since, until := ReplayWindow(reset.WindowStart, reset.WindowEnd, created)
-	if floor := time.Now().Add(-r.cfg.AutoReplayMaxWindow); since.Before(floor) {
+	floor := time.Now().Add(-r.cfg.AutoReplayMaxWindow)
+	if since.Before(floor) {
 		since = floor
+	}
+	if reset.WindowStart.Before(floor) {
+		// Cleanup deletes rows after the retention this bound follows:
+		// what the window held before it is not in the table to replay.
+		r.log.Error("The stream reset's window began before --auto-replay-max-window; the events of rows "+
+			"older than that, which cleanup deletes, are not replayed and may be lost for good",
+			"windowStart", reset.WindowStart.Format(time.RFC3339), "replayedSince", floor.Format(time.RFC3339))
 	}
 	res, err := Replay(ctx, r.cfg.Table, r.db, r.rdb, ReplayOptions{
 		Stream: r.cfg.Stream, Since: since, Until: until, Created: created, BatchSize: r.cfg.BatchSize,

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -247,6 +248,23 @@ func TestAutoReplayFromASlot(t *testing.T) {
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
 	require.GreaterOrEqual(t, testutilCounter(r.cfg.Metrics.stream.ReplayedEvents), 40.0)
 	require.Zero(t, b.dispatchedRows(t), "a replay leaves the rows as they are")
+}
+
+// TestAutoReplayPastItsBoundSaysSo: a reset whose window began before
+// AutoReplayMaxWindow (the cleanup retention) is replayed from that bound
+// only, since cleanup deletes older rows, and the relay says that the
+// events before it may be lost; a window within the bound says nothing.
+func TestAutoReplayPastItsBoundSaysSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	var logs syncbuf.Buffer
+	r := b.newRelay(t, Config{AutoReplay: true, AutoReplayMaxWindow: time.Hour, Logger: newTestLogger(&logs)})
+	ctx := context.Background()
+	now := time.Now()
+	r.autoReplay(ctx, outbox.StreamReset{Stream: b.stream, WindowStart: now.Add(-30 * time.Minute), WindowEnd: now})
+	require.NotContains(t, logs.String(), "may be lost for good")
+	r.autoReplay(ctx, outbox.StreamReset{Stream: b.stream, WindowStart: now.Add(-2 * time.Hour), WindowEnd: now})
+	require.Contains(t, logs.String(), "may be lost for good")
 }
 
 // TestResetFoundAtShutdownIsRecorded: a reset the relay found just before
