@@ -348,7 +348,11 @@ var errNotOwner = errors.New("no longer the owner of the key partitions: the own
 
 // fence runs first in every batch of an ordered relay (see ownership): it
 // takes the fences of the partitions in shared mode, then checks the
-// session still owns them. It returns the epoch to publish with.
+// session still owns them and that they are still claimable: parts was
+// read before, and a partition given up and taken again since (a claimer
+// that stalled over a rebalance) is held but not fenced yet, so a former
+// owner's batch may still hold its older rows. It returns the epoch to
+// publish with.
 func (o *ownership) fence(ctx context.Context, tx pgx.Tx, parts []int64) (int64, error) {
 	epoch := o.epoch.Load()
 	fences := make([]int64, len(parts))
@@ -365,6 +369,12 @@ func (o *ownership) fence(ctx context.Context, tx pgx.Tx, parts []int64) (int64,
 	}
 	if held != len(parts) {
 		return 0, errNotOwner
+	}
+	claimable := *o.claimable.Load()
+	for _, p := range parts {
+		if !slices.Contains(claimable, p) {
+			return 0, errNotOwner
+		}
 	}
 	return epoch, nil
 }

@@ -144,6 +144,25 @@ func TestStrictOneLeaderAndTakeover(t *testing.T) {
 	requireFirstOccurrencesInOrder(t, b.readStream(t, b.stream), ids)
 }
 
+// TestFenceRefusesAPartitionNotClaimableAnyMore: a claimer reads the
+// claimable partitions, then fences its batch; a partition given up and
+// taken again in between is held but not fenced yet (a former owner's
+// batch may still hold its older rows), so the fence refuses it.
+func TestFenceRefusesAPartitionNotClaimableAnyMore(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	r := b.newRelay(t, Config{Ordering: OrderingStrict, LeaderTimeout: 2 * time.Second})
+	o := b.owner(t, r)
+	require.Equal(t, []int64{0}, *o.claimable.Load())
+	ctx := context.Background()
+	tx, err := b.db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	o.claimable.Store(&[]int64{}) // taken again, being fenced
+	_, err = o.fence(ctx, tx, []int64{0})
+	require.ErrorIs(t, err, errNotOwner)
+}
+
 // TestStrictLeaderWhoseSessionEndsStopsPublishing ends the leader's session
 // on the server, as when it went silent: its next batch is refused by the
 // fence, and a new ownership takes the partition with a larger epoch.
