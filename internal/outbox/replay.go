@@ -134,7 +134,7 @@ func (t *Table) MarkStreamResetsReplayed(ctx context.Context, q Querier, stream 
 // bounded by a page; the rows are read from one snapshot, so cleanup
 // deleting them meanwhile changes nothing. fn's error stops the read.
 func (t *Table) Dispatched(ctx context.Context, q Querier, since, until time.Time, page int, fn func([]Event) error) error {
-	return t.readPages(ctx, q, t.format(dispatchedSQL), page, fn, since, until)
+	return t.readPages(ctx, q, dispatchedSQL, page, fn, since, until)
 }
 
 // Created is Dispatched by created_at instead: the rows created at or
@@ -151,22 +151,30 @@ func (t *Table) Created(ctx context.Context, q Querier, since, until time.Time, 
 	if local {
 		since, until = since.Add(-LocalTimeSkew), until.Add(LocalTimeSkew)
 	}
-	return t.readPages(ctx, q, t.format(createdSQL), page, fn, since, until)
+	return t.readPages(ctx, q, createdSQL, page, fn, since, until)
 }
 
-// readPages runs a statement that reads (id, type, payload, created_at)
-// rows and hands them to fn in pages of at most page events.
-func (t *Table) readPages(ctx context.Context, q Querier, sql string, page int, fn func([]Event) error, args ...any) error {
+// readPages runs a statement (tmpl, whose %[14]s is where the key goes)
+// that reads (id, type, payload, created_at) rows, and each row's key when
+// the table has a key column (Event.Key: replayed entries of ordering
+// PerKey carry it too), and hands them to fn in pages of at most page
+// events.
+func (t *Table) readPages(ctx context.Context, q Querier, tmpl string, page int, fn func([]Event) error, args ...any) error {
 	if page < 1 {
 		return fmt.Errorf("page size %d: must be positive", page)
 	}
-	rows, err := q.Query(ctx, sql, args...)
+	keyed := t.columns.Key != ""
+	key := ""
+	if keyed {
+		key = t.format(replayKeyed, t.qKey)
+	}
+	rows, err := q.Query(ctx, t.format(tmpl, key), args...)
 	if err != nil {
 		return t.classify(err)
 	}
 	defer rows.Close()
 	events := make([]Event, 0, page)
-	s := newEventScanner(t.columns, false)
+	s := newEventScanner(t.columns, keyed)
 	for rows.Next() {
 		e, err := s.scan(rows)
 		if err != nil {

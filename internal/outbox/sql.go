@@ -278,7 +278,8 @@ WHERE stream = $1 AND replayed_at IS NULL AND window_start >= $2 AND window_end 
 	// statement whose rows are streamed: one scan of the table however many
 	// pages the replay publishes (no index serves dispatched_at; a replay
 	// is rare and bounded by the retention).
-	dispatchedSQL = `SELECT %[2]s::text, %[3]s::text, %[4]s::text, %[5]s::timestamptz FROM %[1]s
+	// %[14]s adds the key (replayKeyed) when the table has a key column.
+	dispatchedSQL = `SELECT %[2]s::text, %[3]s::text, %[4]s::text, %[5]s::timestamptz%[14]s FROM %[1]s
 WHERE %[6]s >= $1 AND %[6]s < $2
 ORDER BY %[5]s, %[2]s`
 
@@ -287,9 +288,14 @@ ORDER BY %[5]s, %[2]s`
 	// LogicalReplication, which marks no row dispatched. One streamed
 	// statement too; the pending index does not serve it (it holds the
 	// rows not marked, which here are all of them), and a replay is rare.
-	createdSQL = `SELECT %[2]s::text, %[3]s::text, %[4]s::text, %[5]s::timestamptz FROM %[1]s
+	createdSQL = `SELECT %[2]s::text, %[3]s::text, %[4]s::text, %[5]s::timestamptz%[14]s FROM %[1]s
 WHERE (%[5]s >= $1 AND %[5]s < $2) OR %[5]s IS NULL
 ORDER BY %[5]s, %[2]s`
+
+	// replayKeyed (with %[14]s the key column) is the key of a replayed
+	// row, as the claim of ordering PerKey returns it, and no partition
+	// (a replay publishes unfenced).
+	replayKeyed = `, coalesce(%[14]s::text, ''), 0::bigint`
 
 	// progressDDL (with %[14]s the progress table) creates the table where
 	// logical replication relays record, per slot, the last commit they

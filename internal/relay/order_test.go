@@ -446,3 +446,42 @@ func TestShortLeaderTimeoutKeepsTheOwnership(t *testing.T) {
 	require.NotContains(t, logs.String(), "Ownership session failed")
 	require.Equal(t, 1, strings.Count(logs.String(), "Key partitions owned"), "the partition taken once")
 }
+
+// TestReplayOfAKeyedTableKeepsTheKey: a replay of a table with a key column
+// adds each entry with its key field, as the relays of ordering PerKey add
+// it (empty for a NULL key), so consumers that route by key see the
+// replayed events where they saw the originals.
+func TestReplayOfAKeyedTableKeepsTheKey(t *testing.T) {
+	t.Parallel()
+	b, want := keyedBundle(t, 40, 4)
+	ctx := context.Background()
+	var nullKey string
+	require.NoError(t, b.db.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload) VALUES ('t', 'no key') RETURNING id::text`).
+		Scan(&nullKey))
+	want = append(want, entryKey{id: nullKey})
+	r := b.newRelay(t, Config{Ordering: OrderingPerKey, Partitions: 4, BatchSize: 10,
+		LeaderTimeout: 2 * time.Second, StandbyPoll: 50 * time.Millisecond})
+	stop := runInBackground(t, r)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= int64(len(want)) })
+	require.NoError(t, stop())
+	keys := func() map[string]string {
+		got := map[string]string{}
+		for _, e := range b.readStream(t, b.stream) {
+			k, ok := e[FieldKey]
+			require.True(t, ok, "entry %s has no key field", e[FieldEventID])
+			got[e[FieldEventID]] = k
+		}
+		return got
+	}
+	published := keys()
+	require.NoError(t, b.rdb.Del(ctx, b.stream).Err())
+	res, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream,
+		Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, int64(len(want)), res.Republished)
+	replayed := keys()
+	require.Equal(t, published, replayed)
+	for _, w := range want {
+		require.Equal(t, w.key, replayed[w.id], "key of event %s", w.id)
+	}
+}

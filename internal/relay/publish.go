@@ -294,14 +294,24 @@ func (r *Relay) newEntries(stream string, n int) *entries {
 
 // add queues one entry on pipe; reason is set on dead letters only.
 func (q *entries) add(ctx context.Context, pipe redis.Pipeliner, id, typ, payload, reason string) *redis.StringCmd {
+	if reason == "" {
+		return q.addFields(ctx, pipe, id, typ, payload)
+	}
+	return q.addFields(ctx, pipe, id, typ, payload, FieldError, reason)
+}
+
+// addFields queues one entry, with extra fields after the payload (name,
+// value pairs): the key of ordering PerKey on a replayed entry, as the
+// fenced publish adds it, or a dead letter's error.
+func (q *entries) addFields(ctx context.Context, pipe redis.Pipeliner, id, typ, payload string, extra ...string) *redis.StringCmd {
 	start := len(q.args)
 	q.args = append(q.args, "xadd", q.stream)
 	if q.maxLen != nil {
 		q.args = append(q.args, "maxlen", "~", q.maxLen)
 	}
 	q.args = append(q.args, "*", FieldEventID, id, FieldEventType, typ, FieldPayload, payload)
-	if reason != "" {
-		q.args = append(q.args, FieldError, reason)
+	for _, f := range extra {
+		q.args = append(q.args, f)
 	}
 	// The full slice expression keeps the next entry's appends out of
 	// this command's arguments.

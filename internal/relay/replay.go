@@ -128,13 +128,18 @@ func (r *Relay) replayPage(ctx context.Context, rdb redis.UniversalClient, event
 		return 0, 0, &publishError{err}
 	}
 	add := newEntries(r.cfg.Stream, 0, len(events))
+	keyed := r.cfg.Table.Columns().Key != "" // the entries of ordering PerKey carry the key
 	var skipped int64
 	for _, e := range events {
 		if r.unpublishable(e, bulk) != "" {
 			skipped++
 			continue
 		}
-		add.add(ctx, pipe, e.ID, e.Type, e.Payload, "")
+		if keyed {
+			add.addFields(ctx, pipe, e.ID, e.Type, e.Payload, FieldKey, e.Key)
+		} else {
+			add.add(ctx, pipe, e.ID, e.Type, e.Payload, "")
+		}
 	}
 	if pipe.Len() == 0 {
 		return 0, skipped, nil
