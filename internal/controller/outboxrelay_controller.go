@@ -320,6 +320,12 @@ func (r *OutboxRelayReconciler) decideReplicas(st *relayState) {
 		// An autoscaler decides, through the scale subresource: its count
 		// is the Deployment's (admission requires it in this mode).
 		st.decision = scaling.Decision{Replicas: ptr.Deref(spec.Replicas.Count, 1)}
+		if spec.ReadsLogicalReplication() {
+			// Never zero, for the reason above: an autoscaler that scales
+			// on a slot's backlog (KEDA at minReplicaCount 0) would leave
+			// the rows that backlog misses unread.
+			st.decision.Replicas = max(st.decision.Replicas, 1)
+		}
 		if spec.Suspend {
 			st.decision.Replicas = 0
 		}
