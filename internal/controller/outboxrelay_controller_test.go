@@ -57,6 +57,7 @@ func TestController(t *testing.T) {
 		{"SuspendScalesToZero", testSuspendScalesToZero},
 		{"ExternalReplicasFollowScaleSubresource", testExternalReplicasFollowScaleSubresource}, // outboxrelay_scaling_test.go
 		{"KEDASampleTargetsTheScaleSubresource", testKEDASampleTargetsTheScaleSubresource},
+		{"LogicalReplicationExternalAtZeroRunsOne", testLogicalReplicationExternalAtZeroRunsOne},
 		{"ReconcilePauseAnnotation", testReconcilePauseAnnotation},
 		{"DeploymentDeletedOrEditedIsRestored", testDeploymentDeletedOrEditedIsRestored},
 		{"CronJobDeletedOrEditedIsRestored", testCronJobDeletedOrEditedIsRestored},
