@@ -62,6 +62,7 @@ func TestController(t *testing.T) {
 		{"DeploymentDeletedOrEditedIsRestored", testDeploymentDeletedOrEditedIsRestored},
 		{"CronJobDeletedOrEditedIsRestored", testCronJobDeletedOrEditedIsRestored},
 		{"CleanupOnDispatchHasNoCronJob", testCleanupOnDispatchHasNoCronJob},
+		{"TwoRelaysOnOneTableAreReported", testTwoRelaysOnOneTableAreReported},
 		{"LogicalReplicationRelay", testLogicalReplicationRelay},             // outboxrelay_replication_test.go
 		{"UndroppableSlotKeepsFinalizer", testUndroppableSlotKeepsFinalizer}, // outboxrelay_replication_test.go
 		{"SecretChangeRollsPodTemplate", testSecretChangeRollsPodTemplate},
