@@ -133,6 +133,10 @@ const (
 	// ReasonInvalidSpec: the spec passed admission but cannot be used (for
 	// example, the outbox layout was refused by the operator's own checks).
 	ReasonInvalidSpec Reason = "InvalidSpec"
+	// ReasonTableShared: another OutboxRelay of the namespace relays the
+	// same table with the same DSN Secret key; the relays of one table
+	// split its rows between their streams. The message names the others.
+	ReasonTableShared Reason = "TableShared"
 	// ReasonDeploymentFailed: the relay Deployment could not be created or
 	// updated; the message has the API server's answer.
 	ReasonDeploymentFailed Reason = "DeploymentFailed"

@@ -111,6 +111,9 @@ type relayState struct {
 	specFailure    *failure
 	secrets        *resolvedSecrets
 	secretsFailure *failure
+	// tableShared: other OutboxRelays of the namespace relay the same
+	// table (outboxrelay_shared.go).
+	tableShared *failure
 
 	// backlog is nil when no check could be made (spec or secrets failed).
 	backlog  *backlog.Observation
@@ -173,6 +176,11 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if err := r.resolve(ctx, st); err != nil {
 		return ctrl.Result{}, err
 	}
+	sharers, err := r.tableSharers(ctx, relay)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	st.tableShared = tableSharedFailure(relay, sharers)
 	r.observeBacklog(st)
 	r.decideReplicas(st)
 
@@ -320,6 +328,12 @@ func (r *OutboxRelayReconciler) decideReplicas(st *relayState) {
 		// An autoscaler decides, through the scale subresource: its count
 		// is the Deployment's (admission requires it in this mode).
 		st.decision = scaling.Decision{Replicas: ptr.Deref(spec.Replicas.Count, 1)}
+		if spec.ReadsLogicalReplication() {
+			// Never zero, for the reason above: an autoscaler that scales
+			// on a slot's backlog (KEDA at minReplicaCount 0) would leave
+			// the rows that backlog misses unread.
+			st.decision.Replicas = max(st.decision.Replicas, 1)
+		}
 		if spec.Suspend {
 			st.decision.Replicas = 0
 		}
@@ -452,6 +466,9 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.OutboxRelay{}, secretNameIndex, indexSecretNames); err != nil {
 		return fmt.Errorf("indexing OutboxRelays by Secret name: %w", err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.OutboxRelay{}, tableIndex, indexTableKey); err != nil {
+		return fmt.Errorf("indexing OutboxRelays by table: %w", err)
+	}
 
 	r.backlogEvents = make(chan event.GenericEvent, 1024)
 	checks := r.Checks
@@ -471,6 +488,10 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		// The spec, and the annotations (the reconcile pause).
 		For(&v1alpha1.OutboxRelay{}, builder.WithPredicates(
 			predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		// The other relays of a table: a new one, or one gone, changes
+		// whether the table is shared (outboxrelay_shared.go).
+		Watches(&v1alpha1.OutboxRelay{}, handler.EnqueueRequestsFromMapFunc(r.relaysSharingTable),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&appsv1.Deployment{}, builder.WithPredicates(skipCreates)).
 		Owns(&batchv1.CronJob{}, builder.WithPredicates(skipCreates)).
 		WatchesMetadata(&corev1.Secret{},

@@ -57,10 +57,12 @@ func TestController(t *testing.T) {
 		{"SuspendScalesToZero", testSuspendScalesToZero},
 		{"ExternalReplicasFollowScaleSubresource", testExternalReplicasFollowScaleSubresource}, // outboxrelay_scaling_test.go
 		{"KEDASampleTargetsTheScaleSubresource", testKEDASampleTargetsTheScaleSubresource},
+		{"LogicalReplicationExternalAtZeroRunsOne", testLogicalReplicationExternalAtZeroRunsOne},
 		{"ReconcilePauseAnnotation", testReconcilePauseAnnotation},
 		{"DeploymentDeletedOrEditedIsRestored", testDeploymentDeletedOrEditedIsRestored},
 		{"CronJobDeletedOrEditedIsRestored", testCronJobDeletedOrEditedIsRestored},
 		{"CleanupOnDispatchHasNoCronJob", testCleanupOnDispatchHasNoCronJob},
+		{"TwoRelaysOnOneTableAreReported", testTwoRelaysOnOneTableAreReported},
 		{"LogicalReplicationRelay", testLogicalReplicationRelay},             // outboxrelay_replication_test.go
 		{"UndroppableSlotKeepsFinalizer", testUndroppableSlotKeepsFinalizer}, // outboxrelay_replication_test.go
 		{"SecretChangeRollsPodTemplate", testSecretChangeRollsPodTemplate},

@@ -195,6 +195,32 @@ func TestLogicalReplicationRunsMaxOfMinAndOne(t *testing.T) {
 	}
 }
 
+// TestLogicalReplicationExternalRunsAtLeastOne: in replicas.mode External an
+// autoscaler that scales on the backlog (KEDA with minReplicaCount 0) writes
+// count 0 when the slot's backlog reads zero; that backlog misses rows (a
+// transaction begun before the last published commit), so the operator
+// still runs one relay, as in Operator mode; suspend still means zero.
+func TestLogicalReplicationExternalRunsAtLeastOne(t *testing.T) {
+	t.Parallel()
+	r := &OutboxRelayReconciler{}
+	for _, tc := range []struct {
+		count   int32
+		suspend bool
+		want    int32
+	}{{0, false, 1}, {1, false, 1}, {3, false, 3}, {0, true, 0}, {2, true, 0}} {
+		st := newState(slotState(nil, withExternalReplicas(tc.count)), func(st *relayState) {
+			st.relay.Spec.Suspend = tc.suspend
+			st.backlog.Last.Backlog.Count = 0
+		})
+		r.decideReplicas(st)
+		require.Equal(t, tc.want, st.decision.Replicas, "count %d suspend %v", tc.count, tc.suspend)
+	}
+	// Polling keeps the autoscaler's zero: its backlog sees every pending row.
+	st := newState(func(st *relayState) { withExternalReplicas(0)(st.relay) })
+	r.decideReplicas(st)
+	require.Equal(t, int32(0), st.decision.Replicas)
+}
+
 func TestReplicationSlotEvent(t *testing.T) {
 	t.Parallel()
 	c := func(reason v1alpha1.Reason) *metav1.Condition { return &metav1.Condition{Reason: string(reason)} }

@@ -106,6 +106,27 @@ func testExternalReplicasFollowScaleSubresource(t *testing.T, s *suite) {
 	s.waitDeployment(t, key, "0 replicas from the scale subresource", replicasAre(0))
 }
 
+// testLogicalReplicationExternalAtZeroRunsOne: a relay of source
+// LogicalReplication in External mode, scaled to 0 through the scale
+// subresource (KEDA on an empty-looking slot backlog), still runs one relay:
+// the slot's backlog misses some pending rows; suspend stops it.
+func testLogicalReplicationExternalAtZeroRunsOne(t *testing.T, s *suite) {
+	key, _ := s.readyRelay(t, withSource(v1alpha1.SourceLogicalReplication), withExternalReplicas(2))
+	s.waitDeployment(t, key, "2 replicas from the count", replicasAre(2))
+	s.setScale(t, key, 0)
+	relay := s.relay(t, key)
+	require.Equal(t, ptr.To[int32](0), relay.Spec.Replicas.Count)
+	s.waitStatus(t, key, "the count of 0 observed", func(st *v1alpha1.OutboxRelayStatus) error {
+		if st.ObservedGeneration < relay.Generation {
+			return fmt.Errorf("observedGeneration %d, generation %d", st.ObservedGeneration, relay.Generation)
+		}
+		return nil
+	})
+	s.waitDeployment(t, key, "1 replica although the count is 0", replicasAre(1))
+	s.updateRelay(t, key, func(r *v1alpha1.OutboxRelay) { r.Spec.Suspend = true })
+	s.waitDeployment(t, key, "0 replicas when suspended", replicasAre(0))
+}
+
 // setScale writes the relay's scale subresource as an autoscaler does:
 // read it, set spec.replicas, write it back, again on a conflict.
 func (s *suite) setScale(t *testing.T, key types.NamespacedName, n int32) {

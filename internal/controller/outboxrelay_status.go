@@ -290,6 +290,12 @@ var readyChain = []readyCheck{
 		return condition{}, false
 	},
 	func(st *relayState, _ conditions) (condition, bool) {
+		if f := st.tableShared; f != nil {
+			return falseCondition(f.reason, f.message), true
+		}
+		return condition{}, false
+	},
+	func(st *relayState, _ conditions) (condition, bool) {
 		if f := st.childFailure; f != nil {
 			return falseCondition(f.reason, f.message), true
 		}

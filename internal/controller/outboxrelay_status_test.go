@@ -93,6 +93,10 @@ func TestComputeStatusReadyChain(t *testing.T) {
 			st.specFailure = &failure{v1alpha1.ReasonInvalidSpec, "bad"}
 			st.backlog = nil
 		}}, metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec, nil},
+		{"TableSharedWinsOverDeploymentFailed", []stateOption{func(st *relayState) {
+			st.tableShared = tableSharedFailure(st.relay, []string{"audit"})
+			st.childFailure = &failure{v1alpha1.ReasonDeploymentFailed, "forbidden"}
+		}}, metav1.ConditionFalse, v1alpha1.ReasonTableShared, nil},
 		{"DeploymentFailed", []stateOption{func(st *relayState) {
 			st.childFailure = &failure{v1alpha1.ReasonDeploymentFailed, "forbidden"}
 		}}, metav1.ConditionFalse, v1alpha1.ReasonDeploymentFailed, nil},
