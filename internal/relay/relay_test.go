@@ -328,6 +328,43 @@ func TestEntryRefusedByRedisIsParked(t *testing.T) {
 	require.EqualValues(t, 2<<20, *parked[0].PayloadBytes)
 }
 
+// TestMalformedRowOverRedisLimitIsParked: a malformed row (a NULL column)
+// whose payload is over Redis's proto-max-bulk-len is parked like any
+// malformed row. Its dead-letter entry cannot carry that payload (Redis
+// closes the connection on it, so the batch failed on every retry and the
+// whole outbox stalled behind it); the parked copy keeps it.
+func TestMalformedRowOverRedisLimitIsParked(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: srv.URL(), ddl: `CREATE TABLE outbox_events (
+		id uuid PRIMARY KEY DEFAULT gen_random_uuid(), event_type text, payload text,
+		created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz);` +
+		outbox.MustNew("", outbox.Columns{}).DeadLetterDDL()})
+	ctx := context.Background()
+	require.NoError(t, b.rdb.ConfigSet(ctx, "proto-max-bulk-len", "1048576").Err())
+	_, err := b.db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES
+		('a', 'fine', now() - interval '3 s'), (NULL, repeat('x', 2 << 20), now() - interval '2 s'), ('c', 'after', now() - interval '1 s')`)
+	require.NoError(t, err)
+	r := b.newRelay(t, Config{})
+	for range 3 {
+		_, err = r.runOnce(ctx)
+		require.NoError(t, err, "the malformed row is parked, not retried forever")
+	}
+	require.Zero(t, b.backlog(t))
+
+	main := b.readStream(t, b.stream)
+	require.Len(t, main, 2)
+	require.Equal(t, []string{"a", "c"}, []string{main[0][FieldEventType], main[1][FieldEventType]})
+	dead := b.readStream(t, b.stream+".dead")
+	require.Len(t, dead, 1)
+	require.Empty(t, dead[0][FieldPayload], "the entry cannot carry the payload; the parked copy does")
+	require.Contains(t, dead[0][FieldError], "NULL in column event_type")
+	parked := b.deadLetters(t)
+	require.Len(t, parked, 1)
+	require.Nil(t, parked[0].EventType)
+	require.EqualValues(t, 2<<20, *parked[0].PayloadBytes)
+}
+
 func TestTransientErrorRepliesAreRetriedNotParked(t *testing.T) {
 	t.Parallel()
 	for _, reply := range []string{"MISCONF Errors writing to the AOF file", "ERR some proxy failed this one", "OOM command not allowed"} {
