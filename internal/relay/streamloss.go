@@ -235,12 +235,24 @@ func (r *Relay) checkStream(ctx context.Context) {
 	r.observeLocked(c, "", 0)
 }
 
+// checkGroups reads how far every consumer group has read and acknowledged
+// (the watch loop, after checkStream): where the window of a reset found
+// later begins. A stream without groups has nothing known to be consumed.
+func (r *Relay) checkGroups(ctx context.Context) {
+	if bound, _, err := groupsBound(ctx, r.rdb, r.cfg.Stream, r.cfg.PublishTimeout); err == nil {
+		r.stream.setConsumed(bound)
+	}
+}
+
 // setConsumed records the position below which every consumer group has
-// read and acknowledged (a stream id), from the watch loop.
+// read and acknowledged (a stream id; "" for none), from the watch loop. It
+// is the latest reading, not the highest: a group created since at an
+// earlier id, or moved back (XGROUP SETID), has not consumed what the
+// others had, and a reset's window must reach back to what it still needs.
 func (g *streamGuard) setConsumed(bound string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.consumedMs = max(g.consumedMs, idMs(bound))
+	g.consumedMs = idMs(bound)
 }
 
 // takePending returns the resets not yet recorded and forgets them.
@@ -274,9 +286,7 @@ func (r *Relay) watchStream(ctx context.Context) {
 		if now.Sub(lastCheck) >= r.cfg.StreamCheckInterval {
 			lastCheck = now
 			r.checkStream(ctx)
-			if bound, _, err := groupsBound(ctx, r.rdb, r.cfg.Stream, r.cfg.PublishTimeout); err == nil && bound != "" {
-				r.stream.setConsumed(bound)
-			}
+			r.checkGroups(ctx)
 		}
 		if r.cfg.Trim.enabled() && now.Sub(lastTrim) >= r.cfg.Trim.Interval {
 			lastTrim = now

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -338,4 +339,54 @@ func (b *testBundle) waitPendingReset(t *testing.T) outbox.PendingResets {
 		return p.Count == 1
 	})
 	return p
+}
+
+// TestStreamResetWindowCoversAGroupThatStartsOver: the window of a reset
+// begins where every consumer group had read and acknowledged at the last
+// check, not where they once had: a group created at "0" after the others
+// consumed everything (a new consumer reading the stream from its start)
+// has consumed nothing, so the window reaches back to the stream's first
+// entry, and a replay of it gives that group every event it lost.
+func TestStreamResetWindowCoversAGroupThatStartsOver(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	// An event published ten minutes ago, its entry still in the stream.
+	old := time.Now().Add(-10 * time.Minute).Truncate(time.Millisecond)
+	var oldID string
+	require.NoError(t, b.db.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload, created_at, dispatched_at)
+		VALUES ('old', '{}', $1, $1) RETURNING id::text`, old).Scan(&oldID))
+	require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, ID: strconv.FormatInt(old.UnixMilli(), 10) + "-0",
+		Values: []string{FieldEventID, oldID, FieldEventType, "old", FieldPayload, "{}"}}).Err())
+	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
+	ids := b.insert(t, 20)
+	b.drain(t, r)
+
+	// Group g1 reads and acknowledges everything, and the watch sees it.
+	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "g1", "0").Err())
+	read, err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g1", Consumer: "c", Streams: []string{b.stream, ">"}}).Result()
+	require.NoError(t, err)
+	for _, m := range read[0].Messages {
+		require.NoError(t, b.rdb.XAck(ctx, b.stream, "g1", m.ID).Err())
+	}
+	r.checkStream(ctx)
+	r.checkGroups(ctx)
+	// Then group g2 starts from the beginning; the next look sees it.
+	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "g2", "0").Err())
+	r.checkStream(ctx)
+	r.checkGroups(ctx)
+
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	r.checkStream(ctx)
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+	r.recordResets(ctx)
+	p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), p.Count)
+	require.False(t, p.WindowStart.After(old), "the window %s reaches back to the first entry g2 had not read, %s", p.WindowStart, old)
+	_, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: *p.WindowStart, Until: p.WindowEnd.Add(time.Second)})
+	require.NoError(t, err)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), append([]string{oldID}, ids...))
 }
