@@ -85,6 +85,7 @@ func New(cfg Config, db *pgxpool.Pool, rdb redis.UniversalClient) (*Relay, error
 		log:  cfg.Logger.With("table", cfg.Table.String(), "stream", cfg.Stream),
 		wake: make(chan struct{}, 1),
 	}
+	r.stream.found = make(chan struct{}, 1)
 	r.setErr(errNotStarted)
 	return r, nil
 }

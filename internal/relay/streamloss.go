@@ -89,6 +89,9 @@ type streamGuard struct {
 	consumedMs   int64  // ms below which every group had read and acked
 	pending      []outbox.StreamReset
 	resetsSeen   int
+	// found wakes the watch loop when a reset is queued, so that it is
+	// recorded at once: until then it lives only in this process.
+	found chan struct{}
 }
 
 // streamCheck is what a batch asks of the stream before its XADDs: XINFO
@@ -211,6 +214,10 @@ func (r *Relay) reportReset(why string) {
 	reset := outbox.StreamReset{Stream: r.cfg.Stream, WindowStart: from.UTC(), WindowEnd: now.UTC(), Reason: why}
 	g.pending = append(g.pending, reset)
 	g.resetsSeen++
+	select {
+	case g.found <- struct{}{}:
+	default: // already signalled (or no watch loop: a nil channel)
+	}
 	m := r.cfg.Metrics.stream
 	m.Resets.Inc()
 	m.LastReset.Set(float64(now.Unix()))
@@ -301,6 +308,7 @@ func (r *Relay) watchStream(ctx context.Context) {
 			r.recordResets(context.WithoutCancel(ctx))
 			return
 		case <-tick.C:
+		case <-r.stream.found: // a reset found by a batch: record it now
 		}
 	}
 }

@@ -327,6 +327,33 @@ func TestStreamResetAfterAReplayCoversTheReplayedRows(t *testing.T) {
 	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
 }
 
+// TestResetFoundByABatchIsRecordedAtOnce: a reset that a batch finds is
+// written to the stream-resets table right away, not at the watch loop's
+// next round (up to --stream-check-interval later, or a minute): until it
+// is written it lives only in the process, and a relay killed meanwhile
+// (SIGKILL, OOM, its node) takes it along; its successor knows nothing of
+// the stream before, never finds the reset again, and nothing shows it or
+// replays it.
+func TestResetFoundByABatchIsRecordedAtOnce(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: time.Hour})
+	runInBackground(t, r)
+	b.insert(t, 20)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 20 })
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	b.insert(t, 5) // the next batch finds the stream gone
+	testenv.Eventually(t, 5*time.Second, "the reset recorded while the relay runs", testenv.True(func() bool {
+		p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
+		require.NoError(t, err)
+		return p.Count == 1
+	}))
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+}
+
 // waitPendingReset waits until one stream reset of the bundle's stream is
 // recorded and not replayed, and returns it.
 func (b *testBundle) waitPendingReset(t *testing.T) outbox.PendingResets {
