@@ -37,6 +37,9 @@ type Relay struct {
 	bulkLimit bulkLimit
 	// stream is what the relay knows of its stream, to notice a reset (streamloss.go).
 	stream streamGuard
+	// open are the batches that hold a transaction, which an automatic
+	// replay waits for (streamloss.go).
+	open openBatches
 
 	// testHookBeforeCommit, when set, runs after every XADD of a batch was
 	// acknowledged and before the commit; an error rolls the batch back.
@@ -446,6 +449,8 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 		return nil, fmt.Errorf("beginning batch: %w", err)
 	}
 	b.tx = tx
+	id := r.open.add()
+	b.cancel = sync.OnceFunc(func() { cancel(); r.open.done(id) })
 	var parts []int64
 	if o != nil {
 		if parts = *o.claimable.Load(); len(parts) == 0 {
@@ -480,6 +485,67 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 		return nil, nil
 	}
 	return b, nil
+}
+
+// openBatches numbers the batches that hold a transaction, from their
+// claim until they commit or roll back.
+type openBatches struct {
+	mu      sync.Mutex
+	last    uint64
+	open    map[uint64]struct{}
+	changed chan struct{} // closed (and dropped) when a batch ends; nil: nobody waits
+}
+
+// add counts a batch that began its transaction and returns its number.
+func (o *openBatches) add() uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.open == nil {
+		o.open = map[uint64]struct{}{}
+	}
+	o.last++
+	o.open[o.last] = struct{}{}
+	return o.last
+}
+
+// done counts batch id ended.
+func (o *openBatches) done(id uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.open, id)
+	if o.changed != nil {
+		close(o.changed)
+		o.changed = nil
+	}
+}
+
+// wait returns once every batch open when it was called has ended, or ctx
+// has.
+func (o *openBatches) wait(ctx context.Context) {
+	o.mu.Lock()
+	upTo := o.last
+	o.mu.Unlock()
+	for {
+		o.mu.Lock()
+		waiting := false
+		for id := range o.open {
+			waiting = waiting || id <= upTo
+		}
+		if !waiting {
+			o.mu.Unlock()
+			return
+		}
+		if o.changed == nil {
+			o.changed = make(chan struct{})
+		}
+		changed := o.changed
+		o.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // batchTimeout bounds a batch from claim to commit: its wait behind the

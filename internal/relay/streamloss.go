@@ -360,6 +360,12 @@ func (r *Relay) recordResets(ctx context.Context) {
 // LogicalReplication marks no row dispatched and refuses AutoReplay:
 // `relay replay --source LogicalReplication` replays its resets.)
 func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
+	// A batch may have added its entries to the stream before it was lost
+	// and not have committed yet: the replay's read would not see its rows,
+	// and the reset would be marked replayed without them. So it waits for
+	// this relay's batches in flight. (Another relay's such batch: that
+	// relay finds the reset too, and its own replay comes after the batch.)
+	r.open.wait(ctx)
 	since, until := ReplayWindow(reset.WindowStart, reset.WindowEnd, false)
 	if floor := time.Now().Add(-r.cfg.AutoReplayMaxWindow); since.Before(floor) {
 		since = floor

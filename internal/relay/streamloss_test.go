@@ -222,6 +222,50 @@ func TestAutoReplay(t *testing.T) {
 	require.GreaterOrEqual(t, testutilCounter(r.cfg.Metrics.stream.ReplayedEvents), 40.0)
 }
 
+// TestAutoReplayWaitsForTheBatchInFlight: a batch whose entries were added
+// to the stream before it was lost may still be between its XADDs and its
+// commit when the stream watch finds the reset and replays it. Its rows are
+// not committed yet, so a replay that read the table then would not see
+// them and would still mark the reset replayed: the batch commits, and its
+// events are in neither stream. The replay waits for the batches in flight.
+// (The hook puts the watch loop's look at the stream, which runs beside the
+// batches, between a batch's XADDs and its commit.)
+func TestAutoReplayWaitsForTheBatchInFlight(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, AutoReplay: true})
+	ids := b.insert(t, 10)
+	b.drain(t, r)
+	ids = append(ids, b.insert(t, 10)...)
+	replayed := make(chan struct{})
+	r.testHookBeforeCommit = func(ctx context.Context) error {
+		r.testHookBeforeCommit = nil
+		require.NoError(t, b.rdb.FlushAll(ctx).Err()) // the batch's entries are lost with the rest
+		r.checkStream(ctx)                            // the stream watch finds the reset
+		go func() {
+			defer close(replayed)
+			r.recordResets(context.Background()) // and replays its window
+		}()
+		select {
+		case <-replayed:
+		case <-time.After(2 * time.Second): // the replay waits for this batch
+		}
+		return nil
+	}
+	res, err := r.runOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 10, res.claimed)
+	<-replayed
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+	p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
+	require.NoError(t, err)
+	require.Zero(t, p.Count)
+}
+
 // TestResetFoundAtShutdownIsRecorded: a reset the relay found just before
 // it was stopped is in the stream-resets table when Run returns, so the
 // process cannot exit between finding it and recording it (the record is
