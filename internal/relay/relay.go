@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,9 @@ type Relay struct {
 	// open are the batches that hold a transaction, which an automatic
 	// replay waits for (streamloss.go).
 	open openBatches
+	// claimLimit is the number of rows a claim takes: BatchSize, halved
+	// after a batch that timed out publishing (claimSize).
+	claimLimit atomic.Int64
 
 	// testHookBeforeCommit, when set, runs after every XADD of a batch was
 	// acknowledged and before the commit; an error rolls the batch back.
@@ -89,6 +93,7 @@ func New(cfg Config, db *pgxpool.Pool, rdb redis.UniversalClient) (*Relay, error
 		wake: make(chan struct{}, 1),
 	}
 	r.stream.found = make(chan struct{}, 1)
+	r.claimLimit.Store(int64(cfg.BatchSize))
 	r.setErr(errNotStarted)
 	return r, nil
 }
@@ -160,6 +165,8 @@ type batch struct {
 	// ownerEpoch is the ownership's epoch the batch publishes with (ordered
 	// relays only).
 	ownerEpoch int64
+	// limit is the number of rows the claim asked for.
+	limit int
 }
 
 // pipeline relays until ctx ends: one claimer feeds claimed batches, in
@@ -301,7 +308,7 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 			b.epoch = epoch
 			p.opened(epoch)
 			p.queue <- b // never blocks: a token is held for it
-			if len(b.events) < r.cfg.BatchSize {
+			if len(b.events) < b.limit {
 				pause, wake = r.cfg.BusyPollInterval, r.wake
 			}
 		}
@@ -328,6 +335,7 @@ func (r *Relay) publisher(p *pipe, o *ownership) {
 		_, err := r.finish(b, o)
 		p.closed(b.epoch)
 		r.setErr(err)
+		r.claimSize(b, err)
 		if err == nil {
 			p.tokens <- struct{}{}
 			r.recovered()
@@ -342,6 +350,22 @@ func (r *Relay) publisher(p *pipe, o *ownership) {
 		p.resume.Store(time.Now().Add(pause).UnixNano())
 		p.tokens <- struct{}{}
 		r.report(err, failures, pause)
+	}
+}
+
+// claimSize sets the number of rows the next claims take after batch b
+// ended with err. A batch whose payloads together cannot reach Redis within
+// the publish deadline (large ones) would time out on every retry, claimed
+// whole again each time: after a publish that timed out the claims take half
+// as many rows as b, down to one; each batch that succeeds doubles them back
+// up to BatchSize. Only the publisher calls it.
+func (r *Relay) claimSize(b *batch, err error) {
+	var pe *publishError
+	switch {
+	case err == nil:
+		r.claimLimit.Store(min(2*r.claimLimit.Load(), int64(r.cfg.BatchSize)))
+	case errors.As(err, &pe) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)):
+		r.claimLimit.Store(max(int64(len(b.events))/2, 1))
 	}
 }
 
@@ -449,6 +473,10 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 		return nil, fmt.Errorf("beginning batch: %w", err)
 	}
 	b.tx = tx
+	b.limit = int(r.claimLimit.Load())
+	if b.limit < 1 {
+		b.limit = r.cfg.BatchSize // a Relay not made by New
+	}
 	id := r.open.add()
 	b.cancel = sync.OnceFunc(func() { cancel(); r.open.done(id) })
 	var parts []int64
@@ -464,11 +492,11 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 	}
 	switch {
 	case r.cfg.Ordering == OrderingPerKey:
-		b.events, err = r.cfg.Table.ClaimKeyed(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize, r.cfg.Partitions, parts)
+		b.events, err = r.cfg.Table.ClaimKeyed(ctx, tx, r.cfg.Dispatch, b.limit, r.cfg.Partitions, parts)
 	case frontier != nil:
-		b.events, err = r.cfg.Table.ClaimNext(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize, frontier)
+		b.events, err = r.cfg.Table.ClaimNext(ctx, tx, r.cfg.Dispatch, b.limit, frontier)
 	default:
-		b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize)
+		b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.Dispatch, b.limit)
 	}
 	if err != nil {
 		r.rollback(b)

@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -415,6 +417,35 @@ func TestMissingTableIsReportedAndRetried(t *testing.T) {
 	waitFor(t, "ready once the table exists", func() bool { return r.Ready() == nil })
 	require.NoError(t, stop())
 	require.Contains(t, logs.String(), `table=outbox_events`)
+}
+
+// TestBatchTooLargeToPublishInTimeShrinks: a batch whose payloads together
+// cannot reach Redis within --publish-timeout (40 rows of 8 MiB time out
+// every time under a 500 ms timeout on the test machine, while one of them
+// is added in 0.4 s) was claimed again, whole, after every timeout, and the
+// relay stalled for good. After a batch times out, the next claims take
+// half as many rows, down to one, and grow back after each batch that
+// succeeds. The hook times out every batch of more than 3 rows, as a real
+// server does at a size that depends on the machine and the link.
+func TestBatchTooLargeToPublishInTimeShrinks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ids := b.insert(t, 40)
+	r := b.newRelay(t, Config{BatchSize: 16})
+	r.testHookBeforePublish = func(events []outbox.Event) error {
+		if len(events) > 3 {
+			return &publishError{fmt.Errorf("XADD %s: write tcp: %w", b.stream, os.ErrDeadlineExceeded)}
+		}
+		return nil
+	}
+	stop := runInBackground(t, r)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 })
+	require.NoError(t, stop())
+	entries := b.readStream(t, b.stream)
+	requireEachOnce(t, entries, ids)
+	for i, e := range entries {
+		require.Equal(t, ids[i], e[FieldEventID], "in claim order")
+	}
 }
 
 func TestNotifyWakesTheRelay(t *testing.T) {
