@@ -355,16 +355,18 @@ func (r *Relay) publisher(p *pipe, o *ownership) {
 
 // claimSize sets the number of rows the next claims take after batch b
 // ended with err. A batch whose payloads together cannot reach Redis within
-// the publish deadline (large ones) would time out on every retry, claimed
-// whole again each time: after a publish that timed out the claims take half
-// as many rows as b, down to one; each batch that succeeds doubles them back
-// up to BatchSize. Only the publisher calls it.
+// the publish deadline (large ones), or its replicas within WaitTimeout,
+// would time out on every retry, claimed whole again each time: after a
+// publish that timed out the claims take half as many rows as b, down to
+// one; each batch that succeeds doubles them back up to BatchSize. Only the
+// publisher calls it.
 func (r *Relay) claimSize(b *batch, err error) {
 	var pe *publishError
+	var re *replicasError
 	switch {
 	case err == nil:
 		r.claimLimit.Store(min(2*r.claimLimit.Load(), int64(r.cfg.BatchSize)))
-	case errors.As(err, &pe) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)):
+	case errors.As(err, &pe) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &re)):
 		r.claimLimit.Store(max(int64(len(b.events))/2, 1))
 	}
 }

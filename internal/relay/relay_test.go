@@ -427,24 +427,34 @@ func TestMissingTableIsReportedAndRetried(t *testing.T) {
 // half as many rows, down to one, and grow back after each batch that
 // succeeds. The hook times out every batch of more than 3 rows, as a real
 // server does at a size that depends on the machine and the link.
+// The same holds for a batch too large for its replicas to acknowledge
+// within --wait-timeout (--wait-replicas).
 func TestBatchTooLargeToPublishInTimeShrinks(t *testing.T) {
 	t.Parallel()
-	b := setup(t, bundleOpts{})
-	ids := b.insert(t, 40)
-	r := b.newRelay(t, Config{BatchSize: 16})
-	r.testHookBeforePublish = func(events []outbox.Event) error {
-		if len(events) > 3 {
-			return &publishError{fmt.Errorf("XADD %s: write tcp: %w", b.stream, os.ErrDeadlineExceeded)}
-		}
-		return nil
-	}
-	stop := runInBackground(t, r)
-	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 })
-	require.NoError(t, stop())
-	entries := b.readStream(t, b.stream)
-	requireEachOnce(t, entries, ids)
-	for i, e := range entries {
-		require.Equal(t, ids[i], e[FieldEventID], "in claim order")
+	for name, tooLarge := range map[string]error{
+		"publish timeout": fmt.Errorf("XADD: write tcp: %w", os.ErrDeadlineExceeded),
+		"wait timeout":    &replicasError{acked: 0, want: 1, timeout: time.Second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, bundleOpts{})
+			ids := b.insert(t, 40)
+			r := b.newRelay(t, Config{BatchSize: 16})
+			r.testHookBeforePublish = func(events []outbox.Event) error {
+				if len(events) > 3 {
+					return &publishError{tooLarge}
+				}
+				return nil
+			}
+			stop := runInBackground(t, r)
+			waitFor(t, "drained", func() bool { return b.backlog(t) == 0 })
+			require.NoError(t, stop())
+			entries := b.readStream(t, b.stream)
+			requireEachOnce(t, entries, ids)
+			for i, e := range entries {
+				require.Equal(t, ids[i], e[FieldEventID], "in claim order")
+			}
+		})
 	}
 }
 
