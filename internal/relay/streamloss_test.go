@@ -398,6 +398,43 @@ func TestResetFoundByABatchIsRecordedAtOnce(t *testing.T) {
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
 }
 
+// TestResetWindowEndsOnPostgresClock: a reset's window is of dispatch times,
+// PostgreSQL's clock, but the relay ends it at the detection by its own
+// clock. A relay whose clock is behind PostgreSQL's by more than the second
+// a replay adds left out the last batches dispatched before the reset (and
+// a replay of the window marked the reset replayed without them). The
+// record ends the window no earlier than PostgreSQL's clock at the record.
+// (One machine has one clock: the test moves the detection back by 10 s.)
+func TestResetWindowEndsOnPostgresClock(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
+	ids := b.insert(t, 20)
+	b.drain(t, r)
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	r.checkStream(ctx)
+	r.stream.mu.Lock()
+	require.Len(t, r.stream.pending, 1)
+	r.stream.pending[0].WindowEnd = r.stream.pending[0].WindowEnd.Add(-10 * time.Second) // the relay's clock 10 s behind
+	r.stream.mu.Unlock()
+	r.recordResets(ctx)
+
+	p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), p.Count)
+	var lastDispatched time.Time
+	require.NoError(t, b.db.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox_events`).Scan(&lastDispatched))
+	require.False(t, p.WindowEnd.Before(lastDispatched), "the window ends at %s, before the last dispatch %s", p.WindowEnd, lastDispatched)
+	since, until := ReplayWindow(*p.WindowStart, *p.WindowEnd, false)
+	res, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: until})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.ResetsReplayed)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
+
 // waitPendingReset waits until one stream reset of the bundle's stream is
 // recorded and not replayed, and returns it.
 func (b *testBundle) waitPendingReset(t *testing.T) outbox.PendingResets {
