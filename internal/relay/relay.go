@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -294,6 +295,7 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 			if frontier != nil {
 				frontier.Reset() // the database may have ended transactions below it
 			}
+			r.claimFailed(ctx, err)
 			p.tokens <- struct{}{}
 			failures := int(r.failures.Add(1))
 			pause = r.retryDelay(err, failures)
@@ -358,8 +360,7 @@ func (r *Relay) publisher(p *pipe, o *ownership) {
 // the publish deadline (large ones), or its replicas within WaitTimeout,
 // would time out on every retry, claimed whole again each time: after a
 // publish that timed out the claims take half as many rows as b, down to
-// one; each batch that succeeds doubles them back up to BatchSize. Only the
-// publisher calls it.
+// one; each batch that succeeds doubles them back up to BatchSize.
 func (r *Relay) claimSize(b *batch, err error) {
 	var pe *publishError
 	var re *replicasError
@@ -370,6 +371,19 @@ func (r *Relay) claimSize(b *batch, err error) {
 		r.claimLimit.Store(max(int64(len(b.events))/2, 1))
 	}
 }
+
+// claimFailed halves the claims after one that statement_timeout cancelled
+// (its rows too large together to be read in time), for the same reason.
+func (r *Relay) claimFailed(ctx context.Context, err error) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeQueryCanceled && ctx.Err() == nil {
+		r.claimLimit.Store(max(r.claimLimit.Load()/2, 1))
+	}
+}
+
+// codeQueryCanceled is the SQLSTATE of a statement cancelled, by
+// statement_timeout among others.
+const codeQueryCanceled = "57014"
 
 // recovered ends an outage: it logs how long it was and resets the count.
 func (r *Relay) recovered() {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
@@ -456,6 +458,36 @@ func TestBatchTooLargeToPublishInTimeShrinks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestClaimTooLargeForTheStatementTimeoutShrinks: a claim whose rows take
+// longer than --statement-timeout to read (large payloads: 500 rows of a few
+// MiB take more than the default 30 s) failed on every retry, the same rows
+// asked for each time. After a claim is cancelled by the statement timeout
+// the claims take half as many rows, down to one. A row trigger that sleeps
+// 50 ms per row claimed stands in for the transfer: 16 rows take 0.8 s,
+// over the relay's 400 ms statement_timeout.
+func TestClaimTooLargeForTheStatementTimeoutShrinks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	_, err := b.db.Exec(ctx, `CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN PERFORM pg_sleep(0.05); RETURN NEW; END $$;
+	CREATE TRIGGER slow_claim BEFORE UPDATE ON outbox_events FOR EACH ROW EXECUTE FUNCTION slow_claim();`)
+	require.NoError(t, err)
+	ids := b.insert(t, 24)
+	cfg, err := outbox.PoolConfig(b.dsn, outbox.SessionSettings{StatementTimeout: 400 * time.Millisecond}, 4)
+	require.NoError(t, err)
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	r, err := New(Config{Table: b.table, Stream: b.stream, BatchSize: 16, PollInterval: 20 * time.Millisecond,
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Logger: newTestLogger(io.Discard)}, db, b.rdb)
+	require.NoError(t, err)
+	stop := runInBackground(t, r)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 })
+	require.NoError(t, stop())
+	requireEachOnce(t, b.readStream(t, b.stream), ids)
 }
 
 func TestNotifyWakesTheRelay(t *testing.T) {
