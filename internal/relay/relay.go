@@ -43,7 +43,7 @@ type Relay struct {
 	// replay waits for (streamloss.go).
 	open openBatches
 	// claimLimit is the number of rows a claim takes: BatchSize, halved
-	// after a batch that timed out publishing (claimSize).
+	// after a batch or a claim that timed out (claimSize, claimFailed).
 	claimLimit atomic.Int64
 
 	// testHookBeforeCommit, when set, runs after every XADD of a batch was
