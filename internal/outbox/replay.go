@@ -57,13 +57,15 @@ func (t *Table) EnsureStreamResetsTable(ctx context.Context, db pgtx.Beginner) e
 // RecordStreamReset records a reset and returns it as recorded: its window
 // reaches back to the start of the window of any replay of the stream done
 // since the reset's window began (a replay adds old rows' events anew, so
-// a reset that loses entries added since may lose theirs again).
+// a reset that loses entries added since may lose theirs again), and ends
+// no earlier than PostgreSQL's clock at the record (the dispatch times'
+// clock; the relay's may be behind it).
 func (t *Table) RecordStreamReset(ctx context.Context, q Querier, r StreamReset) (StreamReset, error) {
-	err := q.QueryRow(ctx, t.resets(recordStreamResetSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason).Scan(&r.WindowStart)
+	err := q.QueryRow(ctx, t.resets(recordStreamResetSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason).Scan(&r.WindowStart, &r.WindowEnd)
 	if err != nil {
 		return r, fmt.Errorf("recording a stream reset in %s: %w", t.StreamResetsTable(), err)
 	}
-	r.WindowStart = r.WindowStart.UTC()
+	r.WindowStart, r.WindowEnd = r.WindowStart.UTC(), r.WindowEnd.UTC()
 	return r, nil
 }
 

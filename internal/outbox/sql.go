@@ -249,14 +249,17 @@ FOR UPDATE SKIP LOCKED`
 );`
 
 	// recordStreamResetSQL (with %[14]s the resets table) records one reset
-	// and returns the start of the window recorded. A replay of stream $1
-	// after $2 (a reset marked replayed, or a replay's own record) added the
-	// events of its window again then, inside the new window, while their
-	// rows' dispatched_at stayed where it was: so the new window reaches
-	// back to the start of that replay's window too.
+	// and returns the window recorded. A replay of stream $1 after $2 (a
+	// reset marked replayed, or a replay's own record) added the events of
+	// its window again then, inside the new window, while their rows'
+	// dispatched_at stayed where it was: so the new window reaches back to
+	// the start of that replay's window too. The window is of dispatch times,
+	// PostgreSQL's clock, and $3 is the detection by the relay's: it ends no
+	// earlier than now(), after the detection, whatever the two clocks say.
 	recordStreamResetSQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason)
-SELECT $1, least($2::timestamptz, (SELECT min(window_start) FROM %[14]s WHERE stream = $1 AND replayed_at >= $2::timestamptz)), $3, $4
-RETURNING window_start`
+SELECT $1, least($2::timestamptz, (SELECT min(window_start) FROM %[14]s WHERE stream = $1 AND replayed_at >= $2::timestamptz)),
+	greatest($3::timestamptz, now()), $4
+RETURNING window_start, window_end`
 
 	// recordReplaySQL (with %[14]s the resets table) records a replay of
 	// stream $1 over [$2, $3), done now, for recordStreamResetSQL.

@@ -119,8 +119,11 @@ func (r *Relay) publish(ctx context.Context, events []outbox.Event, o *ownership
 		}
 		dead = append(dead, parked{event: e, reason: reasons[i]})
 		payload := e.Payload
-		if e.Malformed == "" {
-			payload = "" // too big, or refused by Redis: the parked copy keeps it
+		if e.Malformed == "" || r.unpublishable(outbox.Event{Payload: payload}, bulkLimit) != "" {
+			// Too big, or refused by Redis (a malformed row's payload too:
+			// Redis would close the connection on it, on every retry): the
+			// parked copy keeps it.
+			payload = ""
 		}
 		deadEntries.add(ctx, pipe, e.ID, e.Type, payload, reasons[i])
 	}

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -37,6 +39,12 @@ type Relay struct {
 	bulkLimit bulkLimit
 	// stream is what the relay knows of its stream, to notice a reset (streamloss.go).
 	stream streamGuard
+	// open are the batches that hold a transaction, which an automatic
+	// replay waits for (streamloss.go).
+	open openBatches
+	// claimLimit is the number of rows a claim takes: BatchSize, halved
+	// after a batch or a claim that timed out (claimSize, claimFailed).
+	claimLimit atomic.Int64
 
 	// testHookBeforeCommit, when set, runs after every XADD of a batch was
 	// acknowledged and before the commit; an error rolls the batch back.
@@ -85,6 +93,8 @@ func New(cfg Config, db *pgxpool.Pool, rdb redis.UniversalClient) (*Relay, error
 		log:  cfg.Logger.With("table", cfg.Table.String(), "stream", cfg.Stream),
 		wake: make(chan struct{}, 1),
 	}
+	r.stream.found = make(chan struct{}, 1)
+	r.claimLimit.Store(int64(cfg.BatchSize))
 	r.setErr(errNotStarted)
 	return r, nil
 }
@@ -156,6 +166,8 @@ type batch struct {
 	// ownerEpoch is the ownership's epoch the batch publishes with (ordered
 	// relays only).
 	ownerEpoch int64
+	// limit is the number of rows the claim asked for.
+	limit int
 }
 
 // pipeline relays until ctx ends: one claimer feeds claimed batches, in
@@ -283,6 +295,7 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 			if frontier != nil {
 				frontier.Reset() // the database may have ended transactions below it
 			}
+			r.claimFailed(ctx, err)
 			p.tokens <- struct{}{}
 			failures := int(r.failures.Add(1))
 			pause = r.retryDelay(err, failures)
@@ -297,7 +310,7 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 			b.epoch = epoch
 			p.opened(epoch)
 			p.queue <- b // never blocks: a token is held for it
-			if len(b.events) < r.cfg.BatchSize {
+			if len(b.events) < b.limit {
 				pause, wake = r.cfg.BusyPollInterval, r.wake
 			}
 		}
@@ -324,6 +337,7 @@ func (r *Relay) publisher(p *pipe, o *ownership) {
 		_, err := r.finish(b, o)
 		p.closed(b.epoch)
 		r.setErr(err)
+		r.claimSize(b, err)
 		if err == nil {
 			p.tokens <- struct{}{}
 			r.recovered()
@@ -340,6 +354,36 @@ func (r *Relay) publisher(p *pipe, o *ownership) {
 		r.report(err, failures, pause)
 	}
 }
+
+// claimSize sets the number of rows the next claims take after batch b
+// ended with err. A batch whose payloads together cannot reach Redis within
+// the publish deadline (large ones), or its replicas within WaitTimeout,
+// would time out on every retry, claimed whole again each time: after a
+// publish that timed out the claims take half as many rows as b, down to
+// one; each batch that succeeds doubles them back up to BatchSize.
+func (r *Relay) claimSize(b *batch, err error) {
+	var pe *publishError
+	var re *replicasError
+	switch {
+	case err == nil:
+		r.claimLimit.Store(min(2*r.claimLimit.Load(), int64(r.cfg.BatchSize)))
+	case errors.As(err, &pe) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &re)):
+		r.claimLimit.Store(max(int64(len(b.events))/2, 1))
+	}
+}
+
+// claimFailed halves the claims after one that statement_timeout cancelled
+// (its rows too large together to be read in time), for the same reason.
+func (r *Relay) claimFailed(ctx context.Context, err error) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeQueryCanceled && ctx.Err() == nil {
+		r.claimLimit.Store(max(r.claimLimit.Load()/2, 1))
+	}
+}
+
+// codeQueryCanceled is the SQLSTATE of a statement cancelled, by
+// statement_timeout among others.
+const codeQueryCanceled = "57014"
 
 // recovered ends an outage: it logs how long it was and resets the count.
 func (r *Relay) recovered() {
@@ -445,6 +489,12 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 		return nil, fmt.Errorf("beginning batch: %w", err)
 	}
 	b.tx = tx
+	b.limit = int(r.claimLimit.Load())
+	if b.limit < 1 {
+		b.limit = r.cfg.BatchSize // a Relay not made by New
+	}
+	id := r.open.add()
+	b.cancel = sync.OnceFunc(func() { cancel(); r.open.done(id) })
 	var parts []int64
 	if o != nil {
 		if parts = *o.claimable.Load(); len(parts) == 0 {
@@ -458,11 +508,11 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 	}
 	switch {
 	case r.cfg.Ordering == OrderingPerKey:
-		b.events, err = r.cfg.Table.ClaimKeyed(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize, r.cfg.Partitions, parts)
+		b.events, err = r.cfg.Table.ClaimKeyed(ctx, tx, r.cfg.Dispatch, b.limit, r.cfg.Partitions, parts)
 	case frontier != nil:
-		b.events, err = r.cfg.Table.ClaimNext(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize, frontier)
+		b.events, err = r.cfg.Table.ClaimNext(ctx, tx, r.cfg.Dispatch, b.limit, frontier)
 	default:
-		b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.Dispatch, r.cfg.BatchSize)
+		b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.Dispatch, b.limit)
 	}
 	if err != nil {
 		r.rollback(b)
@@ -479,6 +529,67 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 		return nil, nil
 	}
 	return b, nil
+}
+
+// openBatches numbers the batches that hold a transaction, from their
+// claim until they commit or roll back.
+type openBatches struct {
+	mu      sync.Mutex
+	last    uint64
+	open    map[uint64]struct{}
+	changed chan struct{} // closed (and dropped) when a batch ends; nil: nobody waits
+}
+
+// add counts a batch that began its transaction and returns its number.
+func (o *openBatches) add() uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.open == nil {
+		o.open = map[uint64]struct{}{}
+	}
+	o.last++
+	o.open[o.last] = struct{}{}
+	return o.last
+}
+
+// done counts batch id ended.
+func (o *openBatches) done(id uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.open, id)
+	if o.changed != nil {
+		close(o.changed)
+		o.changed = nil
+	}
+}
+
+// wait returns once every batch open when it was called has ended, or ctx
+// has.
+func (o *openBatches) wait(ctx context.Context) {
+	o.mu.Lock()
+	upTo := o.last
+	o.mu.Unlock()
+	for {
+		o.mu.Lock()
+		waiting := false
+		for id := range o.open {
+			waiting = waiting || id <= upTo
+		}
+		if !waiting {
+			o.mu.Unlock()
+			return
+		}
+		if o.changed == nil {
+			o.changed = make(chan struct{})
+		}
+		changed := o.changed
+		o.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // batchTimeout bounds a batch from claim to commit: its wait behind the

@@ -3,11 +3,15 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
@@ -328,6 +332,43 @@ func TestEntryRefusedByRedisIsParked(t *testing.T) {
 	require.EqualValues(t, 2<<20, *parked[0].PayloadBytes)
 }
 
+// TestMalformedRowOverRedisLimitIsParked: a malformed row (a NULL column)
+// whose payload is over Redis's proto-max-bulk-len is parked like any
+// malformed row. Its dead-letter entry cannot carry that payload (Redis
+// closes the connection on it, so the batch failed on every retry and the
+// whole outbox stalled behind it); the parked copy keeps it.
+func TestMalformedRowOverRedisLimitIsParked(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: srv.URL(), ddl: `CREATE TABLE outbox_events (
+		id uuid PRIMARY KEY DEFAULT gen_random_uuid(), event_type text, payload text,
+		created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz);` +
+		outbox.MustNew("", outbox.Columns{}).DeadLetterDDL()})
+	ctx := context.Background()
+	require.NoError(t, b.rdb.ConfigSet(ctx, "proto-max-bulk-len", "1048576").Err())
+	_, err := b.db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES
+		('a', 'fine', now() - interval '3 s'), (NULL, repeat('x', 2 << 20), now() - interval '2 s'), ('c', 'after', now() - interval '1 s')`)
+	require.NoError(t, err)
+	r := b.newRelay(t, Config{})
+	for range 3 {
+		_, err = r.runOnce(ctx)
+		require.NoError(t, err, "the malformed row is parked, not retried forever")
+	}
+	require.Zero(t, b.backlog(t))
+
+	main := b.readStream(t, b.stream)
+	require.Len(t, main, 2)
+	require.Equal(t, []string{"a", "c"}, []string{main[0][FieldEventType], main[1][FieldEventType]})
+	dead := b.readStream(t, b.stream+".dead")
+	require.Len(t, dead, 1)
+	require.Empty(t, dead[0][FieldPayload], "the entry cannot carry the payload; the parked copy does")
+	require.Contains(t, dead[0][FieldError], "NULL in column event_type")
+	parked := b.deadLetters(t)
+	require.Len(t, parked, 1)
+	require.Nil(t, parked[0].EventType)
+	require.EqualValues(t, 2<<20, *parked[0].PayloadBytes)
+}
+
 func TestTransientErrorRepliesAreRetriedNotParked(t *testing.T) {
 	t.Parallel()
 	for _, reply := range []string{"MISCONF Errors writing to the AOF file", "ERR some proxy failed this one", "OOM command not allowed"} {
@@ -378,6 +419,75 @@ func TestMissingTableIsReportedAndRetried(t *testing.T) {
 	waitFor(t, "ready once the table exists", func() bool { return r.Ready() == nil })
 	require.NoError(t, stop())
 	require.Contains(t, logs.String(), `table=outbox_events`)
+}
+
+// TestBatchTooLargeToPublishInTimeShrinks: a batch whose payloads together
+// cannot reach Redis within --publish-timeout (40 rows of 8 MiB time out
+// every time under a 500 ms timeout on the test machine, while one of them
+// is added in 0.4 s) was claimed again, whole, after every timeout, and the
+// relay stalled for good. After a batch times out, the next claims take
+// half as many rows, down to one, and grow back after each batch that
+// succeeds. The hook times out every batch of more than 3 rows, as a real
+// server does at a size that depends on the machine and the link.
+// The same holds for a batch too large for its replicas to acknowledge
+// within --wait-timeout (--wait-replicas).
+func TestBatchTooLargeToPublishInTimeShrinks(t *testing.T) {
+	t.Parallel()
+	for name, tooLarge := range map[string]error{
+		"publish timeout": fmt.Errorf("XADD: write tcp: %w", os.ErrDeadlineExceeded),
+		"wait timeout":    &replicasError{acked: 0, want: 1, timeout: time.Second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, bundleOpts{})
+			ids := b.insert(t, 40)
+			r := b.newRelay(t, Config{BatchSize: 16})
+			r.testHookBeforePublish = func(events []outbox.Event) error {
+				if len(events) > 3 {
+					return &publishError{tooLarge}
+				}
+				return nil
+			}
+			stop := runInBackground(t, r)
+			waitFor(t, "drained", func() bool { return b.backlog(t) == 0 })
+			require.NoError(t, stop())
+			entries := b.readStream(t, b.stream)
+			requireEachOnce(t, entries, ids)
+			for i, e := range entries {
+				require.Equal(t, ids[i], e[FieldEventID], "in claim order")
+			}
+		})
+	}
+}
+
+// TestClaimTooLargeForTheStatementTimeoutShrinks: a claim whose rows take
+// longer than --statement-timeout to read (large payloads: 500 rows of a few
+// MiB take more than the default 30 s) failed on every retry, the same rows
+// asked for each time. After a claim is cancelled by the statement timeout
+// the claims take half as many rows, down to one. A row trigger that sleeps
+// 50 ms per row claimed stands in for the transfer: 16 rows take 0.8 s,
+// over the relay's 400 ms statement_timeout.
+func TestClaimTooLargeForTheStatementTimeoutShrinks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	_, err := b.db.Exec(ctx, `CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN PERFORM pg_sleep(0.05); RETURN NEW; END $$;
+	CREATE TRIGGER slow_claim BEFORE UPDATE ON outbox_events FOR EACH ROW EXECUTE FUNCTION slow_claim();`)
+	require.NoError(t, err)
+	ids := b.insert(t, 24)
+	cfg, err := outbox.PoolConfig(b.dsn, outbox.SessionSettings{StatementTimeout: 400 * time.Millisecond}, 4)
+	require.NoError(t, err)
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	r, err := New(Config{Table: b.table, Stream: b.stream, BatchSize: 16, PollInterval: 20 * time.Millisecond,
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Logger: newTestLogger(io.Discard)}, db, b.rdb)
+	require.NoError(t, err)
+	stop := runInBackground(t, r)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 })
+	require.NoError(t, stop())
+	requireEachOnce(t, b.readStream(t, b.stream), ids)
 }
 
 func TestNotifyWakesTheRelay(t *testing.T) {

@@ -89,6 +89,9 @@ type streamGuard struct {
 	consumedMs   int64  // ms below which every group had read and acked
 	pending      []outbox.StreamReset
 	resetsSeen   int
+	// found wakes the watch loop when a reset is queued, so that it is
+	// recorded at once: until then it lives only in this process.
+	found chan struct{}
 }
 
 // streamCheck is what a batch asks of the stream before its XADDs: XINFO
@@ -211,6 +214,10 @@ func (r *Relay) reportReset(why string) {
 	reset := outbox.StreamReset{Stream: r.cfg.Stream, WindowStart: from.UTC(), WindowEnd: now.UTC(), Reason: why}
 	g.pending = append(g.pending, reset)
 	g.resetsSeen++
+	select {
+	case g.found <- struct{}{}:
+	default: // already signalled (or no watch loop: a nil channel)
+	}
 	m := r.cfg.Metrics.stream
 	m.Resets.Inc()
 	m.LastReset.Set(float64(now.Unix()))
@@ -235,11 +242,20 @@ func (r *Relay) checkStream(ctx context.Context) {
 	r.observeLocked(c, "", 0)
 }
 
+// checkGroups reads how far every consumer group has read and acknowledged
+// (the watch loop, after checkStream): where the window of a reset found
+// later begins. A stream without groups has nothing known to be consumed.
+func (r *Relay) checkGroups(ctx context.Context) {
+	if bound, _, err := groupsBound(ctx, r.rdb, r.cfg.Stream, r.cfg.PublishTimeout); err == nil {
+		r.stream.setConsumed(bound)
+	}
+}
+
 // setConsumed records the position below which every consumer group has
-// read and acknowledged (a stream id; "": no group), from the watch loop.
-// It is the position now, not the highest seen: a group created at 0, or
-// moved back (XGROUP SETID), has not read what the others had, and a reset
-// may take entries it never saw.
+// read and acknowledged (a stream id; "" for none), from the watch loop. It
+// is the latest reading, not the highest: a group created since at an
+// earlier id, or moved back (XGROUP SETID), has not consumed what the
+// others had, and a reset's window must reach back to what it still needs.
 func (g *streamGuard) setConsumed(bound string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -277,9 +293,7 @@ func (r *Relay) watchStream(ctx context.Context) {
 		if now.Sub(lastCheck) >= r.cfg.StreamCheckInterval {
 			lastCheck = now
 			r.checkStream(ctx)
-			if bound, _, err := groupsBound(ctx, r.rdb, r.cfg.Stream, r.cfg.PublishTimeout); err == nil {
-				r.stream.setConsumed(bound)
-			}
+			r.checkGroups(ctx)
 		}
 		if r.cfg.Trim.enabled() && now.Sub(lastTrim) >= r.cfg.Trim.Interval {
 			lastTrim = now
@@ -294,6 +308,7 @@ func (r *Relay) watchStream(ctx context.Context) {
 			r.recordResets(context.WithoutCancel(ctx))
 			return
 		case <-tick.C:
+		case <-r.stream.found: // a reset found by a batch: record it now
 		}
 	}
 }
@@ -346,6 +361,12 @@ func (r *Relay) recordResets(ctx context.Context) {
 // row created in the AutoReplayMaxWindow before the window's end
 // (ReplayWindow), as `relay replay --source LogicalReplication` does.
 func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
+	// A batch may have added its entries to the stream before it was lost
+	// and not have committed yet: the replay's read would not see its rows,
+	// and the reset would be marked replayed without them. So it waits for
+	// this relay's batches in flight. (Another relay's such batch: that
+	// relay finds the reset too, and its own replay comes after the batch.)
+	r.open.wait(ctx)
 	created := r.cfg.Source == SourceLogicalReplication
 	since, until := ReplayWindow(reset.WindowStart, reset.WindowEnd, created)
 	floor := time.Now().Add(-r.cfg.AutoReplayMaxWindow)

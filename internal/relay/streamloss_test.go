@@ -2,7 +2,7 @@ package relay
 
 import (
 	"context"
-	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -267,6 +267,50 @@ func TestAutoReplayPastItsBoundSaysSo(t *testing.T) {
 	require.Contains(t, logs.String(), "may be lost for good")
 }
 
+// TestAutoReplayWaitsForTheBatchInFlight: a batch whose entries were added
+// to the stream before it was lost may still be between its XADDs and its
+// commit when the stream watch finds the reset and replays it. Its rows are
+// not committed yet, so a replay that read the table then would not see
+// them and would still mark the reset replayed: the batch commits, and its
+// events are in neither stream. The replay waits for the batches in flight.
+// (The hook puts the watch loop's look at the stream, which runs beside the
+// batches, between a batch's XADDs and its commit.)
+func TestAutoReplayWaitsForTheBatchInFlight(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, AutoReplay: true})
+	ids := b.insert(t, 10)
+	b.drain(t, r)
+	ids = append(ids, b.insert(t, 10)...)
+	replayed := make(chan struct{})
+	r.testHookBeforeCommit = func(ctx context.Context) error {
+		r.testHookBeforeCommit = nil
+		require.NoError(t, b.rdb.FlushAll(ctx).Err()) // the batch's entries are lost with the rest
+		r.checkStream(ctx)                            // the stream watch finds the reset
+		go func() {
+			defer close(replayed)
+			r.recordResets(context.Background()) // and replays its window
+		}()
+		select {
+		case <-replayed:
+		case <-time.After(2 * time.Second): // the replay waits for this batch
+		}
+		return nil
+	}
+	res, err := r.runOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 10, res.claimed)
+	<-replayed
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+	p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
+	require.NoError(t, err)
+	require.Zero(t, p.Count)
+}
+
 // TestResetFoundAtShutdownIsRecorded: a reset the relay found just before
 // it was stopped is in the stream-resets table when Run returns, so the
 // process cannot exit between finding it and recording it (the record is
@@ -372,6 +416,70 @@ func TestStreamResetAfterAReplayCoversTheReplayedRows(t *testing.T) {
 	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
 }
 
+// TestResetFoundByABatchIsRecordedAtOnce: a reset that a batch finds is
+// written to the stream-resets table right away, not at the watch loop's
+// next round (up to --stream-check-interval later, or a minute): until it
+// is written it lives only in the process, and a relay killed meanwhile
+// (SIGKILL, OOM, its node) takes it along; its successor knows nothing of
+// the stream before, never finds the reset again, and nothing shows it or
+// replays it.
+func TestResetFoundByABatchIsRecordedAtOnce(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: time.Hour})
+	runInBackground(t, r)
+	b.insert(t, 20)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 20 })
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	b.insert(t, 5) // the next batch finds the stream gone
+	testenv.Eventually(t, 5*time.Second, "the reset recorded while the relay runs", testenv.True(func() bool {
+		p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
+		require.NoError(t, err)
+		return p.Count == 1
+	}))
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+}
+
+// TestResetWindowEndsOnPostgresClock: a reset's window is of dispatch times,
+// PostgreSQL's clock, but the relay ends it at the detection by its own
+// clock. A relay whose clock is behind PostgreSQL's by more than the second
+// a replay adds left out the last batches dispatched before the reset (and
+// a replay of the window marked the reset replayed without them). The
+// record ends the window no earlier than PostgreSQL's clock at the record.
+// (One machine has one clock: the test moves the detection back by 10 s.)
+func TestResetWindowEndsOnPostgresClock(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
+	ids := b.insert(t, 20)
+	b.drain(t, r)
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	r.checkStream(ctx)
+	r.stream.mu.Lock()
+	require.Len(t, r.stream.pending, 1)
+	r.stream.pending[0].WindowEnd = r.stream.pending[0].WindowEnd.Add(-10 * time.Second) // the relay's clock 10 s behind
+	r.stream.mu.Unlock()
+	r.recordResets(ctx)
+
+	p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), p.Count)
+	var lastDispatched time.Time
+	require.NoError(t, b.db.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox_events`).Scan(&lastDispatched))
+	require.False(t, p.WindowEnd.Before(lastDispatched), "the window ends at %s, before the last dispatch %s", p.WindowEnd, lastDispatched)
+	since, until := ReplayWindow(*p.WindowStart, *p.WindowEnd, false)
+	res, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: until})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.ResetsReplayed)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
+
 // waitPendingReset waits until one stream reset of the bundle's stream is
 // recorded and not replayed, and returns it.
 func (b *testBundle) waitPendingReset(t *testing.T) outbox.PendingResets {
@@ -386,50 +494,52 @@ func (b *testBundle) waitPendingReset(t *testing.T) outbox.PendingResets {
 	return p
 }
 
-// TestStreamResetWindowCoversAGroupCreatedAtTheStart: a consumer group
-// created at 0 (a new service reading the stream's history) after the other
-// groups had read everything has read nothing yet. A reset then may have
-// taken entries it never saw, back to the stream's first entry: the window
-// starts there, not where the other groups had got to, and the replay of
-// the recorded window gives it every event.
-func TestStreamResetWindowCoversAGroupCreatedAtTheStart(t *testing.T) {
+// TestStreamResetWindowCoversAGroupThatStartsOver: the window of a reset
+// begins where every consumer group had read and acknowledged at the last
+// check, not where they once had: a group created at "0" after the others
+// consumed everything (a new consumer reading the stream from its start)
+// has consumed nothing, so the window reaches back to the stream's first
+// entry, and a replay of it gives that group every event it lost.
+func TestStreamResetWindowCoversAGroupThatStartsOver(t *testing.T) {
 	t.Parallel()
 	rs := testenv.StartRedis(t)
 	b := setup(t, bundleOpts{redisURL: rs.URL()})
 	ctx := context.Background()
 	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
-	// Events published ten minutes ago: their rows dispatched then, their
-	// entries' ids of then.
-	old := b.insert(t, 20)
-	var then time.Time
-	require.NoError(t, b.db.QueryRow(ctx, `UPDATE outbox_events SET dispatched_at = now() - interval '10 minutes'
-		RETURNING dispatched_at`).Scan(&then))
-	for i, id := range old {
-		require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, ID: fmt.Sprintf("%d-%d", then.UnixMilli(), i+1),
-			Values: []string{FieldEventID, id, FieldEventType, "order_created", FieldPayload, "{}"}}).Err())
+	// An event published ten minutes ago, its entry still in the stream.
+	old := time.Now().Add(-10 * time.Minute).Truncate(time.Millisecond)
+	var oldID string
+	require.NoError(t, b.db.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload, created_at, dispatched_at)
+		VALUES ('old', '{}', $1, $1) RETURNING id::text`, old).Scan(&oldID))
+	require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, ID: strconv.FormatInt(old.UnixMilli(), 10) + "-0",
+		Values: []string{FieldEventID, oldID, FieldEventType, "old", FieldPayload, "{}"}}).Err())
+	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
+	ids := b.insert(t, 20)
+	b.drain(t, r)
+
+	// Group g1 reads and acknowledges everything, and the watch sees it.
+	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "g1", "0").Err())
+	read, err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g1", Consumer: "c", Streams: []string{b.stream, ">"}}).Result()
+	require.NoError(t, err)
+	for _, m := range read[0].Messages {
+		require.NoError(t, b.rdb.XAck(ctx, b.stream, "g1", m.ID).Err())
 	}
-	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: 20 * time.Millisecond})
-	runInBackground(t, r)
-	recent := b.insert(t, 10)
-	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) == 30 })
-	// A group that has read everything, then one created at the start.
-	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "uptodate", "$").Err())
-	time.Sleep(200 * time.Millisecond) // a few checks of the groups
-	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "fromthestart", "0").Err())
-	time.Sleep(200 * time.Millisecond)
+	r.checkStream(ctx)
+	r.checkGroups(ctx)
+	// Then group g2 starts from the beginning; the next look sees it.
+	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "g2", "0").Err())
+	r.checkStream(ctx)
+	r.checkGroups(ctx)
 
 	require.NoError(t, b.rdb.FlushAll(ctx).Err())
-	var p outbox.PendingResets
-	waitFor(t, "the reset recorded", func() bool {
-		var err error
-		p, err = b.table.PendingStreamResets(ctx, b.db, b.stream)
-		require.NoError(t, err)
-		return p.Count == 1
-	})
-	require.False(t, p.WindowStart.After(then), "the window starts at %s, after the dispatch of the events the new group "+
-		"had not read (%s)", p.WindowStart, then)
-	since, until := ReplayWindow(*p.WindowStart, *p.WindowEnd, false)
-	_, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: until})
+	r.checkStream(ctx)
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+	r.recordResets(ctx)
+	p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
 	require.NoError(t, err)
-	requireAtLeastOnce(t, b.readStream(t, b.stream), append(old, recent...))
+	require.Equal(t, int64(1), p.Count)
+	require.False(t, p.WindowStart.After(old), "the window %s reaches back to the first entry g2 had not read, %s", p.WindowStart, old)
+	_, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: *p.WindowStart, Until: p.WindowEnd.Add(time.Second)})
+	require.NoError(t, err)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), append([]string{oldID}, ids...))
 }
