@@ -162,3 +162,58 @@ SELECT 'fault.test', repeat('x', 2048) FROM generate_series(1, $1)`, events)
 	t.Logf("FIGURES %s: events=%d reported_before_publish=true reported_after=%s resets=%s", t.Name(), events, ms(reported),
 		strconv.FormatFloat(relay.metric("outbox_relay_stream_resets_total"), 'f', 0, 64))
 }
+
+// TestResetFoundByABatchSurvivesAKill: the stream watch's own look is an
+// hour apart, so only a batch finds the reset (FLUSHALL mid-drain), and the
+// relay is SIGKILLed half a second later. The reset must be recorded by
+// then: the next relay knows nothing of the stream before it and never
+// finds the reset again, so an unrecorded reset is no StreamIntact
+// condition and a replay that republishes nothing.
+func TestResetFoundByABatchSurvivesAKill(t *testing.T) {
+	t.Parallel()
+	events := sized(3000, 30000)
+	rate := sized(1500.0, 3000.0)
+	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
+	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
+	stream := testenv.Name(t)
+	mustRelay(t, env, "schema", "--apply")
+	conn := connect(t, pg.DSN())
+	args := []string{"--stream", stream, "--batch-size", "100", "--stream-check-interval", "1h"}
+	first := startRelay(t, "A", env, args...)
+	prod := startProducers(t, producerConfig{
+		dsn: pg.DSN(), conns: 2, events: events, rate: rate, insert: insertInto("outbox_events"),
+	})
+	eventually(t, time.Minute, "a third published", func() error {
+		if p := first.published(); p < float64(events/3) {
+			return fmt.Errorf("%v published", p)
+		}
+		return nil
+	})
+	require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
+	detected := eventually(t, time.Minute, "the reset found by a batch", func() error {
+		if first.metric("outbox_relay_stream_resets_total") < 1 {
+			return fmt.Errorf("no reset counted")
+		}
+		return nil
+	})
+	time.Sleep(500 * time.Millisecond)
+	first.kill(t)
+
+	second := startRelay(t, "B", env, args...)
+	prod.wait(t)
+	waitDrained(t, conn, "outbox_events", 5*time.Minute)
+	second.stop(t, time.Minute)
+	rdb := redisClient(t, rs.URL())
+	before := checkStream(t, rdb, stream, prod.committed())
+	require.Positive(t, before.Lost, "the fault lost no entry: the case tests nothing")
+
+	var rep replayJSON
+	out := mustRelay(t, env, "replay", "--stream", stream, "--pending", "--output", "json")
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	require.GreaterOrEqual(t, rep.ResetsReplayed, int64(1), "the reset was recorded before the kill")
+	r := checkStream(t, rdb, stream, prod.committed())
+	figures(t, r, 1, fmt.Sprintf("lost_before_replay=%d replayed=%d detected_after=%s", before.Lost, rep.Republished,
+		ms(detected)))
+	require.Zero(t, r.Lost, "lost events after the replay, e.g. %v", r.LostIDs)
+	require.Zero(t, r.Unexpected)
+}
