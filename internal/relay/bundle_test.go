@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -218,14 +219,8 @@ func (b *testBundle) allIDs(t *testing.T) []string {
 	t.Helper()
 	rows, err := b.db.Query(context.Background(), `SELECT id::text FROM outbox_events ORDER BY created_at`)
 	require.NoError(t, err)
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		ids = append(ids, id)
-	}
-	require.NoError(t, rows.Err())
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	return ids
 }
 

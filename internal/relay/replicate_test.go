@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
@@ -467,13 +468,8 @@ func TestReplicationCoversPartitionsOfATableMigratedToPartitioning(t *testing.T)
 
 	rows, err := b.db.Query(ctx, `SELECT tablename::text FROM pg_publication_tables WHERE pubname = 'outbox_events_pub' ORDER BY 1`)
 	require.NoError(t, err)
-	var listed []string
-	for rows.Next() {
-		var name string
-		require.NoError(t, rows.Scan(&name))
-		listed = append(listed, name)
-	}
-	require.NoError(t, rows.Err())
+	listed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{"outbox_events_default", "outbox_events_later", "outbox_old"}, listed)
 }
 

@@ -92,8 +92,7 @@ func TestStreamResetDetected(t *testing.T) {
 
 			// Recorded for the operator, with a window covering the lost rows.
 			r.recordResets(ctx)
-			p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
-			require.NoError(t, err)
+			p := b.pendingResets(t)
 			require.Equal(t, int64(1), p.Count)
 			var minDispatched, maxDispatched time.Time
 			require.NoError(t, b.db.QueryRow(ctx, `SELECT min(dispatched_at), max(dispatched_at) FROM outbox_events`).
@@ -113,8 +112,7 @@ func TestStreamResetDetected(t *testing.T) {
 			require.Equal(t, int64(1), res.ResetsReplayed)
 			require.GreaterOrEqual(t, res.Republished, int64(len(ids)))
 			requireAtLeastOnce(t, b.readStream(t, b.stream), append(ids, more...))
-			p, err = b.table.PendingStreamResets(ctx, b.db, b.stream)
-			require.NoError(t, err)
+			p = b.pendingResets(t)
 			require.Zero(t, p.Count)
 		})
 	}
@@ -143,8 +141,7 @@ func TestStreamResetRedisRestartedEmpty(t *testing.T) {
 			})
 			require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
 			r.recordResets(context.Background()) // what the stream watch does between batches
-			p, err := b.table.PendingStreamResets(context.Background(), b.db, b.stream)
-			require.NoError(t, err)
+			p := b.pendingResets(t)
 			require.EqualValues(t, 1, p.Count, "the reset is recorded, for the StreamIntact condition")
 		})
 	}
@@ -213,11 +210,7 @@ func TestAutoReplay(t *testing.T) {
 	// The reset is marked replayed after its events are published (a crash
 	// in between replays them again: duplicates, never a loss), so the mark
 	// may come a moment after the last event.
-	waitFor(t, "the reset marked replayed", func() bool {
-		p, err := b.table.PendingStreamResets(context.Background(), b.db, b.stream)
-		require.NoError(t, err)
-		return p.Count == 0
-	})
+	b.waitResetsReplayed(t)
 	require.NoError(t, stop())
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
 	require.GreaterOrEqual(t, testutilCounter(r.cfg.Metrics.stream.ReplayedEvents), 40.0)
@@ -239,11 +232,7 @@ func TestAutoReplayFromASlot(t *testing.T) {
 	require.NoError(t, b.rdb.FlushAll(context.Background()).Err())
 	more := b.insert(t, 5) // streamed to the new stream meanwhile
 	b.waitStream(t, append(ids, more...))
-	waitFor(t, "the reset marked replayed", func() bool {
-		p, err := b.table.PendingStreamResets(context.Background(), b.db, b.stream)
-		require.NoError(t, err)
-		return p.Count == 0
-	})
+	b.waitResetsReplayed(t)
 	require.NoError(t, stop())
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
 	require.GreaterOrEqual(t, testutilCounter(r.cfg.Metrics.stream.ReplayedEvents), 40.0)
@@ -306,8 +295,7 @@ func TestAutoReplayWaitsForTheBatchInFlight(t *testing.T) {
 	<-replayed
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
 	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
-	p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
-	require.NoError(t, err)
+	p := b.pendingResets(t)
 	require.Zero(t, p.Count)
 }
 
@@ -330,8 +318,7 @@ func TestResetFoundAtShutdownIsRecorded(t *testing.T) {
 	r.checkStream(ctx)
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
 	require.NoError(t, stop())
-	p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
-	require.NoError(t, err)
+	p := b.pendingResets(t)
 	require.Equal(t, int64(1), p.Count, "the reset recorded before Run returned")
 }
 
@@ -436,8 +423,7 @@ func TestResetFoundByABatchIsRecordedAtOnce(t *testing.T) {
 	require.NoError(t, b.rdb.FlushAll(ctx).Err())
 	b.insert(t, 5) // the next batch finds the stream gone
 	testenv.Eventually(t, 5*time.Second, "the reset recorded while the relay runs", testenv.True(func() bool {
-		p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
-		require.NoError(t, err)
+		p := b.pendingResets(t)
 		return p.Count == 1
 	}))
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
@@ -467,8 +453,7 @@ func TestResetWindowEndsOnPostgresClock(t *testing.T) {
 	r.stream.mu.Unlock()
 	r.recordResets(ctx)
 
-	p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
-	require.NoError(t, err)
+	p := b.pendingResets(t)
 	require.Equal(t, int64(1), p.Count)
 	var lastDispatched time.Time
 	require.NoError(t, b.db.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox_events`).Scan(&lastDispatched))
@@ -486,12 +471,25 @@ func (b *testBundle) waitPendingReset(t *testing.T) outbox.PendingResets {
 	t.Helper()
 	var p outbox.PendingResets
 	waitFor(t, "a stream reset recorded", func() bool {
-		var err error
-		p, err = b.table.PendingStreamResets(context.Background(), b.db, b.stream)
-		require.NoError(t, err)
+		p = b.pendingResets(t)
 		return p.Count == 1
 	})
 	return p
+}
+
+// pendingResets reads the bundle's stream resets not replayed yet.
+func (b *testBundle) pendingResets(t *testing.T) outbox.PendingResets {
+	t.Helper()
+	p, err := b.table.PendingStreamResets(context.Background(), b.db, b.stream)
+	require.NoError(t, err)
+	return p
+}
+
+// waitResetsReplayed waits until no stream reset of the bundle's stream is
+// left to replay.
+func (b *testBundle) waitResetsReplayed(t *testing.T) {
+	t.Helper()
+	waitFor(t, "the reset marked replayed", func() bool { return b.pendingResets(t).Count == 0 })
 }
 
 // TestStreamResetWindowCoversAGroupThatStartsOver: the window of a reset
@@ -535,8 +533,7 @@ func TestStreamResetWindowCoversAGroupThatStartsOver(t *testing.T) {
 	r.checkStream(ctx)
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
 	r.recordResets(ctx)
-	p, err := b.table.PendingStreamResets(ctx, b.db, b.stream)
-	require.NoError(t, err)
+	p := b.pendingResets(t)
 	require.Equal(t, int64(1), p.Count)
 	require.False(t, p.WindowStart.After(old), "the window %s reaches back to the first entry g2 had not read, %s", p.WindowStart, old)
 	_, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: *p.WindowStart, Until: p.WindowEnd.Add(time.Second)})

@@ -3,6 +3,7 @@
 package faults
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -32,6 +33,25 @@ type replayJSON struct {
 // the same --source, as the operator's StreamIntact condition says.
 func streamLossCase(t *testing.T, source string, fault func(t *testing.T, rs *testenv.RedisServer)) {
 	t.Helper()
+	streamLoss(t, streamLossSpec{source: source, fault: fault})
+}
+
+// streamLossSpec is a stream-loss case (streamLoss).
+type streamLossSpec struct {
+	source string // the relay's --source
+	fault  func(t *testing.T, rs *testenv.RedisServer)
+	// checkInterval is the relay's --stream-check-interval; "": 200ms.
+	checkInterval string
+	// afterDetect, when set, runs once the relay counted the reset and
+	// returns the relay that drains the rest (the same, or one started
+	// instead of it).
+	afterDetect func(t *testing.T, relay *relayProc, env relayEnv, args []string) *relayProc
+}
+
+// streamLoss runs a stream-loss case: see streamLossCase.
+func streamLoss(t *testing.T, c streamLossSpec) {
+	t.Helper()
+	source := c.source
 	events := sized(3000, 30000)
 	rate := sized(1500.0, 3000.0)
 	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t) // no persistence
@@ -39,7 +59,7 @@ func streamLossCase(t *testing.T, source string, fault func(t *testing.T, rs *te
 	stream := testenv.Name(t)
 	mustRelay(t, env, "schema", "--apply")
 	conn := connect(t, pg.DSN())
-	args := []string{"--stream", stream, "--batch-size", "100", "--stream-check-interval", "200ms"}
+	args := []string{"--stream", stream, "--batch-size", "100", "--stream-check-interval", cmp.Or(c.checkInterval, "200ms")}
 	replayArgs := []string{"replay", "--stream", stream, "--pending", "--output", "json"}
 	if source != "Polling" {
 		args = append(args, "--source", source, "--slot", replicationSlot)
@@ -57,7 +77,7 @@ func streamLossCase(t *testing.T, source string, fault func(t *testing.T, rs *te
 		}
 		return nil
 	})
-	fault(t, rs)
+	c.fault(t, rs)
 	detected := eventually(t, time.Minute, "the reset reported", func() error {
 		if relay.metric("outbox_relay_stream_resets_total") < 1 {
 			return fmt.Errorf("no reset counted")
@@ -65,6 +85,10 @@ func streamLossCase(t *testing.T, source string, fault func(t *testing.T, rs *te
 		return nil
 	})
 	require.NotZero(t, relay.metric("outbox_relay_stream_reset_window_start_timestamp_seconds"), "the window exported")
+	found := relay
+	if c.afterDetect != nil {
+		relay = c.afterDetect(t, relay, env, args)
+	}
 	prod.wait(t)
 	if source == "Polling" {
 		waitDrained(t, conn, "outbox_events", 5*time.Minute)
@@ -75,7 +99,7 @@ func streamLossCase(t *testing.T, source string, fault func(t *testing.T, rs *te
 	rdb := redisClient(t, rs.URL())
 	before := checkStream(t, rdb, stream, prod.committed())
 	require.Positive(t, before.Lost, "the fault lost no entry: the case tests nothing")
-	require.Contains(t, relay.out.String(), "level=ERROR msg=\"Stream reset", "logged at error level")
+	require.Contains(t, found.out.String(), "level=ERROR msg=\"Stream reset", "logged at error level")
 
 	// The runbook: replay the recorded window.
 	var rep replayJSON
@@ -165,55 +189,21 @@ SELECT 'fault.test', repeat('x', 2048) FROM generate_series(1, $1)`, events)
 
 // TestResetFoundByABatchSurvivesAKill: the stream watch's own look is an
 // hour apart, so only a batch finds the reset (FLUSHALL mid-drain), and the
-// relay is SIGKILLed half a second later. The reset must be recorded by
-// then: the next relay knows nothing of the stream before it and never
-// finds the reset again, so an unrecorded reset is no StreamIntact
-// condition and a replay that republishes nothing.
+// relay is SIGKILLed half a second later; a second relay drains the rest.
+// The reset must be recorded by then: the second relay knows nothing of
+// the stream before it and never finds the reset again, so an unrecorded
+// reset is no StreamIntact condition and a replay that republishes nothing.
 func TestResetFoundByABatchSurvivesAKill(t *testing.T) {
 	t.Parallel()
-	events := sized(3000, 30000)
-	rate := sized(1500.0, 3000.0)
-	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
-	conn := connect(t, pg.DSN())
-	args := []string{"--stream", stream, "--batch-size", "100", "--stream-check-interval", "1h"}
-	first := startRelay(t, "A", env, args...)
-	prod := startProducers(t, producerConfig{
-		dsn: pg.DSN(), conns: 2, events: events, rate: rate, insert: insertInto("outbox_events"),
+	streamLoss(t, streamLossSpec{
+		source: "Polling", checkInterval: "1h",
+		fault: func(t *testing.T, rs *testenv.RedisServer) {
+			require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
+		},
+		afterDetect: func(t *testing.T, first *relayProc, env relayEnv, args []string) *relayProc {
+			time.Sleep(500 * time.Millisecond)
+			first.kill(t)
+			return startRelay(t, "B", env, args...)
+		},
 	})
-	eventually(t, time.Minute, "a third published", func() error {
-		if p := first.published(); p < float64(events/3) {
-			return fmt.Errorf("%v published", p)
-		}
-		return nil
-	})
-	require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
-	detected := eventually(t, time.Minute, "the reset found by a batch", func() error {
-		if first.metric("outbox_relay_stream_resets_total") < 1 {
-			return fmt.Errorf("no reset counted")
-		}
-		return nil
-	})
-	time.Sleep(500 * time.Millisecond)
-	first.kill(t)
-
-	second := startRelay(t, "B", env, args...)
-	prod.wait(t)
-	waitDrained(t, conn, "outbox_events", 5*time.Minute)
-	second.stop(t, time.Minute)
-	rdb := redisClient(t, rs.URL())
-	before := checkStream(t, rdb, stream, prod.committed())
-	require.Positive(t, before.Lost, "the fault lost no entry: the case tests nothing")
-
-	var rep replayJSON
-	out := mustRelay(t, env, "replay", "--stream", stream, "--pending", "--output", "json")
-	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
-	require.GreaterOrEqual(t, rep.ResetsReplayed, int64(1), "the reset was recorded before the kill")
-	r := checkStream(t, rdb, stream, prod.committed())
-	figures(t, r, 1, fmt.Sprintf("lost_before_replay=%d replayed=%d detected_after=%s", before.Lost, rep.Republished,
-		ms(detected)))
-	require.Zero(t, r.Lost, "lost events after the replay, e.g. %v", r.LostIDs)
-	require.Zero(t, r.Unexpected)
 }
