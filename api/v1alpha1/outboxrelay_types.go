@@ -241,6 +241,16 @@ type RelaySpec struct {
 	// +kubebuilder:validation:Maximum=10000
 	BatchSize int32 `json:"batchSize,omitempty"`
 
+	// batchBytes bounds the ids, types and payloads of one batch in a
+	// relay's memory: a claim that reads more is made again with the rows
+	// that fit, so rows of large payloads are claimed a few at a time rather
+	// than batchSize at once. A relay holds up to two batches (in flight)
+	// and one row more; a single row larger than this is still claimed,
+	// alone. Between 64Ki and 1Gi. Empty means the relay's default, 16Mi.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('64Ki')) >= 0 && quantity(string(self)).compareTo(quantity('1Gi')) <= 0",message="relay.batchBytes must be between 64Ki and 1Gi"
+	BatchBytes *resource.Quantity `json:"batchBytes,omitempty"`
+
 	// pollInterval is how long a relay sleeps after an empty or partial batch,
 	// between 10ms and 1m.
 	// +optional

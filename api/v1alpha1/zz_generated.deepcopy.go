@@ -330,6 +330,11 @@ func (in *RelaySpec) DeepCopyInto(out *RelaySpec) {
 		*out = make([]corev1.LocalObjectReference, len(*in))
 		copy(*out, *in)
 	}
+	if in.BatchBytes != nil {
+		in, out := &in.BatchBytes, &out.BatchBytes
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.PollInterval != nil {
 		in, out := &in.PollInterval, &out.PollInterval
 		*out = new(v1.Duration)

@@ -40,6 +40,7 @@ type runOptions struct {
 	idleInTxTimeout          time.Duration
 	maxLen                   int64
 	maxPayloadBytes          int
+	batchBytes               int
 	missingTableRetry        time.Duration
 	tcp                      netdial.TCP
 	metricsAddr, probeAddr   string
@@ -81,6 +82,10 @@ func newRunCommand(c *common) *cobra.Command {
 	fs.StringVar(&o.stream, "stream", relay.DefaultStream, "Redis stream to add events to")
 	fs.StringVar(&o.deadLetterStream, "dead-letter-stream", "", "stream for rows that cannot be published (default <stream>.dead)")
 	fs.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, fmt.Sprintf("rows claimed per transaction (1..%d)", relay.MaxBatchSize))
+	fs.IntVar(&o.batchBytes, "batch-bytes", relay.DefaultBatchBytes, fmt.Sprintf(
+		"bytes of ids, types and payloads a batch may hold in memory (at least %d): a claim over it is made again "+
+			"with the rows that fit, so large payloads are claimed a few at a time; a single larger row is still claimed, alone",
+		relay.MinBatchBytes))
 	fs.IntVar(&o.inFlight, "in-flight", relay.DefaultInFlight,
 		"batches in flight at once (1..8): the next is claimed while one is published; order is kept")
 	fs.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "pause after a pass that found no row")
@@ -152,6 +157,9 @@ func (o *runOptions) validate(c *common) error {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s %s: must be positive", d.flag, d.v))
 		}
+	}
+	if o.batchBytes < relay.MinBatchBytes {
+		errs = append(errs, fmt.Errorf("--batch-bytes %d: must be at least %d", o.batchBytes, relay.MinBatchBytes))
 	}
 	if o.maxPayloadBytes < 1 {
 		errs = append(errs, fmt.Errorf("--max-payload-bytes %d: must be positive", o.maxPayloadBytes))
@@ -294,6 +302,7 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		Stream:              o.stream,
 		DeadLetterStream:    o.deadLetterStream,
 		BatchSize:           o.batchSize,
+		BatchBytes:          o.batchBytes,
 		InFlight:            o.inFlight,
 		PollInterval:        o.pollInterval,
 		BusyPollInterval:    o.busyPollInterval,

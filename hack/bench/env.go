@@ -148,7 +148,7 @@ func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int, d outb
 					errs <- err
 					return
 				}
-				events, err := e.table.ClaimNext(ctx, tx, d, batch, &frontier)
+				events, err := e.table.ClaimNext(ctx, tx, d, outbox.Rows(batch), &frontier)
 				if err == nil {
 					err = tx.Commit(ctx)
 				}

@@ -120,6 +120,7 @@ func TestRelayDeploymentFollowsSpec(t *testing.T) {
 			ImagePullPolicy:  corev1.PullAlways,
 			ImagePullSecrets: []corev1.LocalObjectReference{{Name: "regcred"}},
 			BatchSize:        2000,
+			BatchBytes:       ptr.To(resource.MustParse("4Mi")),
 			PollInterval:     &metav1.Duration{Duration: 2 * time.Second},
 			LogLevel:         "debug",
 			Resources: corev1.ResourceRequirements{
@@ -142,7 +143,7 @@ func TestRelayDeploymentFollowsSpec(t *testing.T) {
 	require.NotNil(t, pod.Affinity.NodeAffinity)
 	require.Subset(t, c.Args, []string{
 		"--table=app.events", "--id-column=event_id", "--dispatched-at-column=sent_at",
-		"--dead-letter-stream=orders.dlq", "--batch-size=2000", "--poll-interval=2s", "--log-level=debug",
+		"--dead-letter-stream=orders.dlq", "--batch-size=2000", "--batch-bytes=4194304", "--poll-interval=2s", "--log-level=debug",
 	})
 
 	// The builder copies: changing its output leaves the spec alone.

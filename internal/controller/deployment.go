@@ -94,6 +94,9 @@ func relayArgs(relay *v1alpha1.OutboxRelay) []string {
 	if spec.Cleanup.DeletesOnDispatch() { // only when set, like --ordering
 		args = append(args, "--cleanup-mode="+string(v1alpha1.CleanupOnDispatch))
 	}
+	if b := spec.Relay.BatchBytes; b != nil { // only when set, like --ordering
+		args = append(args, "--batch-bytes="+strconv.FormatInt(b.Value(), 10))
+	}
 	args = append(args, streamArgs(relay)...) // outboxrelay_stream.go
 	args = append(args, sourceArgs(relay)...) // outboxrelay_replication.go
 	return append(args,

@@ -135,6 +135,10 @@ func testAdmissionRejectsInvalidRelays(t *testing.T, s *suite) {
 			[]string{"source LogicalReplication reads the rows from the WAL", "cleanup.mode OnDispatch"}},
 		{"LogicalReplicationWithPerKey", map[string]any{"spec.source": "LogicalReplication", "spec.ordering": "PerKey", "spec.postgres.columns.key": "aggregate_id"},
 			[]string{"source LogicalReplication has one reader per slot", "ordering PerKey"}},
+		{"BatchBytesTooSmall", map[string]any{"spec.relay.batchBytes": "1Ki"},
+			[]string{"spec.relay.batchBytes", "relay.batchBytes must be between 64Ki and 1Gi"}},
+		{"BatchBytesTooLarge", map[string]any{"spec.relay.batchBytes": "2Gi"},
+			[]string{"spec.relay.batchBytes", "relay.batchBytes must be between 64Ki and 1Gi"}},
 		{"MaxRetainedWALZero", map[string]any{"spec.logicalReplication.maxRetainedWAL": "0"},
 			[]string{"spec.logicalReplication.maxRetainedWAL", "must be a positive quantity of bytes"}},
 		{"MaxRetainedWALNegative", map[string]any{"spec.logicalReplication.maxRetainedWAL": "-1Gi"},
@@ -185,7 +189,7 @@ func testAdmissionRejectsInvalidRelays(t *testing.T, s *suite) {
 			require.Error(t, err, field)
 			require.Contains(t, err.Error(), field+" cannot change on a live relay")
 		}
-		require.NoError(t, patch(`{"spec":{"relay":{"batchSize":100}}}`), "other fields still change")
+		require.NoError(t, patch(`{"spec":{"relay":{"batchSize":100,"batchBytes":"4Mi"}}}`), "other fields still change")
 	})
 	t.Run("SourceCannotChange", func(t *testing.T) {
 		t.Parallel()

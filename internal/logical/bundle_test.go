@@ -118,7 +118,7 @@ func read(t *testing.T, r *Reader, n, maxEvents int) ([]outbox.Event, []Batch) {
 	var events []outbox.Event
 	var batches []Batch
 	for len(events) < n {
-		b, err := r.Next(ctx, maxEvents, 20*time.Millisecond)
+		b, err := r.Next(ctx, outbox.Rows(maxEvents), 20*time.Millisecond)
 		require.NoError(t, err, "after %d of %d events", len(events), n)
 		require.LessOrEqual(t, len(b.Events), maxEvents)
 		events = append(events, b.Events...)

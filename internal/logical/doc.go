@@ -9,7 +9,7 @@
 //
 //	r, err := logical.Open(ctx, cfg, opts)
 //	for {
-//		b, err := r.Next(ctx, 500, 20*time.Millisecond) // events in commit order
+//		b, err := r.Next(ctx, outbox.Rows(500), 20*time.Millisecond) // events in commit order
 //		... XADD every event of b, wait for Redis to acknowledge ...
 //		err = r.Confirm(ctx, b.Confirm)                 // only now
 //	}

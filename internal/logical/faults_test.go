@@ -45,7 +45,7 @@ func TestPostgresRestartedMidStream(t *testing.T) {
 	var err error
 	for err == nil { // what was on its way may come first
 		var batch Batch
-		batch, err = r.Next(ctx, 10, 10*time.Millisecond)
+		batch, err = r.Next(ctx, outbox.Rows(10), 10*time.Millisecond)
 		note(batch.Events)
 	}
 	require.NotErrorIs(t, err, context.DeadlineExceeded, "Next reports the lost server")
@@ -66,7 +66,7 @@ func TestPostgresRestartedMidStream(t *testing.T) {
 	testenv.Eventually(t, testTimeout, "every committed event", func() error {
 		nctx, cancel := context.WithTimeout(b.ctx, time.Second)
 		defer cancel()
-		batch, err := r.Next(nctx, 100, 10*time.Millisecond)
+		batch, err := r.Next(nctx, outbox.Rows(100), 10*time.Millisecond)
 		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			require.NoError(t, err)
 		}

@@ -37,9 +37,11 @@ type commit struct {
 	at     time.Time
 }
 
-// Next returns the next batch of at most maxEvents events. It returns
+// Next returns the next batch of at most limit.Rows events, and of events
+// whose sizes add up to at most limit.Bytes when that is above 0 (the
+// first event always: a larger one comes alone). It returns
 // linger after the first event (or whole transaction without one) it
-// gathered, with what arrived by then, or at once when maxEvents are there:
+// gathered, with what arrived by then, or at once when a batch is full:
 // so an event waits at most about linger in the reader, however steadily
 // others follow it. While it
 // waits it answers the server's keepalives and sends a standby status
@@ -52,24 +54,24 @@ type commit struct {
 //
 // When ctx ends, Next returns its error and keeps what it had gathered for
 // the next call.
-func (r *Reader) Next(ctx context.Context, maxEvents int, linger time.Duration) (Batch, error) {
+func (r *Reader) Next(ctx context.Context, limit outbox.Limit, linger time.Duration) (Batch, error) {
 	if r.err != nil {
 		return Batch{}, r.err
 	}
-	if maxEvents < 1 {
-		return Batch{}, fmt.Errorf("reading a batch of %d events: must be at least 1", maxEvents)
+	if limit.Rows < 1 {
+		return Batch{}, fmt.Errorf("reading a batch of %d events: must be at least 1", limit.Rows)
 	}
 	var lingerUntil time.Time // zero while nothing is gathered
 	if r.gathered() {
 		lingerUntil = time.Now().Add(linger)
 	}
 	for {
-		if len(r.events) >= maxEvents {
-			return r.take(maxEvents), nil
+		if len(r.events) >= limit.Rows || (limit.Bytes > 0 && r.bytes > limit.Bytes) {
+			return r.take(limit), nil
 		}
 		now := time.Now()
 		if !lingerUntil.IsZero() && !now.Before(lingerUntil) {
-			return r.take(maxEvents), nil
+			return r.take(limit), nil
 		}
 		if !now.Before(r.nextStatus) {
 			if err := r.sendStatus(); err != nil {
@@ -100,10 +102,19 @@ func (r *Reader) Next(ctx context.Context, maxEvents int, linger time.Duration) 
 // gathered reports whether a batch is waiting to be returned.
 func (r *Reader) gathered() bool { return len(r.events) > 0 || len(r.commits) > 0 }
 
-// take returns the first events gathered, at most max, with the position of
-// the last transaction that ended within them, and keeps the rest.
-func (r *Reader) take(limit int) Batch {
-	n := min(len(r.events), limit)
+// take returns the first events gathered, within limit, with the position
+// of the last transaction that ended within them, and keeps the rest.
+func (r *Reader) take(limit outbox.Limit) Batch {
+	n := min(len(r.events), limit.Rows)
+	size := 0
+	for i, e := range r.events[:n] {
+		if size += e.Size(); limit.Bytes > 0 && size > limit.Bytes && i > 0 {
+			n = i
+			size -= e.Size()
+			break
+		}
+	}
+	r.bytes -= size
 	b := Batch{Events: r.events[:n:n]}
 	done := 0
 	for _, c := range r.commits {
@@ -204,7 +215,9 @@ func (r *Reader) decode(walData []byte) error {
 		if rel == nil {
 			return fmt.Errorf("insert into relation %d before its RelationMessage", m.RelationID)
 		}
-		r.events = append(r.events, rel.event(r.columns, m.Tuple, r.types))
+		e := rel.event(r.columns, m.Tuple, r.types)
+		r.events = append(r.events, e)
+		r.bytes += e.Size()
 	case *pglogrepl.CommitMessage:
 		r.inTx = false
 		r.commits = append(r.commits, commit{events: len(r.events), end: m.TransactionEndLSN, at: m.CommitTime})

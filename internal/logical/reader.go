@@ -42,6 +42,7 @@ type Reader struct {
 	// events and commits are what was received and not returned yet; they
 	// survive a Next that ends with its context.
 	events  []outbox.Event
+	bytes   int // the Sizes of events
 	commits []commit
 
 	nextStatus time.Time

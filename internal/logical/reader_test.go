@@ -223,7 +223,7 @@ func TestIdleReaderAdvancesItsSlot(t *testing.T) {
 		require.NoError(t, err)
 		nctx, cancel := context.WithTimeout(ctx, 3*testStatusInterval)
 		defer cancel()
-		got, err := r.Next(nctx, 10, time.Millisecond)
+		got, err := r.Next(nctx, outbox.Rows(10), time.Millisecond)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.Empty(t, got.Events)
 	}
@@ -263,7 +263,7 @@ func TestNextKeepsWhatItGatheredWhenItsContextEnds(t *testing.T) {
 	b.insert(t, b.db, 1)
 	ctx, cancel := context.WithTimeout(b.ctx, time.Second)
 	defer cancel()
-	_, err := r.Next(ctx, 10, time.Hour) // lingers past its context
+	_, err := r.Next(ctx, outbox.Rows(10), time.Hour) // lingers past its context
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.True(t, r.gathered(), "the event was received")
 	events, _ := read(t, r, 1, 10)
@@ -297,7 +297,7 @@ func TestATrickleDoesNotHoldABatchUntilFull(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(b.ctx, testTimeout)
 	defer cancel()
-	first, err := r.Next(ctx, n, 20*time.Millisecond)
+	first, err := r.Next(ctx, outbox.Rows(n), 20*time.Millisecond)
 	require.NoError(t, err)
 	<-done
 	require.NotEmpty(t, first.Events)

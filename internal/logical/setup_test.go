@@ -113,10 +113,10 @@ func TestDropSlotReleasesAConnectedReader(t *testing.T) {
 	s, err = Status(b.ctx, b.db, b.opts.Slot)
 	require.NoError(t, err)
 	require.Equal(t, SlotStatus{}, s)
-	_, err = r.Next(b.ctx, 10, 0)
+	_, err = r.Next(b.ctx, outbox.Rows(10), 0)
 	require.Error(t, err, "the reader's walsender was terminated")
 	require.NotErrorIs(t, err, context.DeadlineExceeded)
-	_, err = r.Next(b.ctx, 10, 0)
+	_, err = r.Next(b.ctx, outbox.Rows(10), 0)
 	require.Error(t, err, "a broken reader stays broken")
 	require.NoError(t, r.Close(b.ctx))
 

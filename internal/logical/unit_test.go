@@ -3,6 +3,7 @@ package logical
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,17 +87,44 @@ func TestTakeConfirmsOnlyTransactionsThatEndWithinTheBatch(t *testing.T) {
 		events:  []outbox.Event{ev(1), ev(2), ev(3), ev(4), ev(5), ev(6)},
 		commits: []commit{{1, 10, at}, {5, 20, at.Add(1)}, {5, 30, at.Add(2)}},
 	}
-	b := r.take(3)
+	b := r.take(outbox.Rows(3))
 	require.Equal(t, Batch{Events: []outbox.Event{ev(1), ev(2), ev(3)}, Confirm: 10, LastCommit: at}, b)
 	require.EqualValues(t, 10, r.returned)
-	b = r.take(3)
+	b = r.take(outbox.Rows(3))
 	require.Equal(t, Batch{Events: []outbox.Event{ev(4), ev(5), ev(6)}, Confirm: 30, LastCommit: at.Add(2)}, b,
 		"B ends within, so does C (no events), D does not")
 	require.False(t, r.gathered())
-	b = r.take(3)
+	b = r.take(outbox.Rows(3))
 	require.Empty(t, b.Events)
 	require.Zero(t, b.Confirm)
 	require.EqualValues(t, 30, r.returned)
+}
+
+// TestTakeKeepsWithinTheByteBudget: a batch takes the events whose sizes
+// fit in limit.Bytes (the first one always, however large), confirms only
+// the transactions that end within what it took, and keeps the rest, with
+// their size, for the next batch.
+func TestTakeKeepsWithinTheByteBudget(t *testing.T) {
+	t.Parallel()
+	ev := func(n, size int) outbox.Event {
+		return outbox.Event{ID: fmt.Sprint(n), Payload: strings.Repeat("x", size-1)}
+	}
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	events := []outbox.Event{ev(1, 400), ev(2, 400), ev(3, 400), ev(4, 2000), ev(5, 100)}
+	r := &Reader{events: events, bytes: 3300, commits: []commit{{2, 10, at}, {4, 20, at.Add(1)}, {5, 30, at.Add(2)}}}
+	limit := outbox.Limit{Rows: 10, Bytes: 1000}
+
+	b := r.take(limit)
+	require.Equal(t, Batch{Events: events[:2], Confirm: 10, LastCommit: at}, b, "two of 400 fit in 1000, not three")
+	require.Equal(t, 2500, r.bytes)
+	b = r.take(limit)
+	require.Equal(t, Batch{Events: events[2:3]}, b, "the third alone: with the fourth it is over; its transaction goes on")
+	b = r.take(limit)
+	require.Equal(t, Batch{Events: events[3:4], Confirm: 20, LastCommit: at.Add(1)}, b, "larger than the budget: alone")
+	b = r.take(limit)
+	require.Equal(t, Batch{Events: events[4:5], Confirm: 30, LastCommit: at.Add(2)}, b)
+	require.Zero(t, r.bytes)
+	require.False(t, r.gathered())
 }
 
 func TestRelationMapsColumnsByName(t *testing.T) {

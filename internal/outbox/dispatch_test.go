@@ -27,7 +27,7 @@ func TestClaimDeletesOnDispatch(t *testing.T) {
 
 	tx, err := db.Begin(ctx)
 	require.NoError(t, err)
-	events, err := tbl.Claim(ctx, tx, DeleteOnDispatch, 4)
+	events, err := tbl.Claim(ctx, tx, DeleteOnDispatch, Rows(4))
 	require.NoError(t, err)
 	require.Equal(t, []string{"p1", "p2", "p3", "p4"}, payloads(events))
 	require.Equal(t, 11, count(), "deleted rows stay until the claim commits")
@@ -36,13 +36,13 @@ func TestClaimDeletesOnDispatch(t *testing.T) {
 
 	tx, err = db.Begin(ctx)
 	require.NoError(t, err)
-	events, err = tbl.Claim(ctx, tx, DeleteOnDispatch, 4)
+	events, err = tbl.Claim(ctx, tx, DeleteOnDispatch, Rows(4))
 	require.NoError(t, err)
 	require.Equal(t, []string{"p1", "p2", "p3", "p4"}, payloads(events), "the same rows again, after the rollback")
 	// A concurrent claim skips the locked rows, it does not wait for them.
 	other, err := db.Begin(ctx)
 	require.NoError(t, err)
-	next, err := tbl.Claim(ctx, other, DeleteOnDispatch, 100)
+	next, err := tbl.Claim(ctx, other, DeleteOnDispatch, Rows(100))
 	require.NoError(t, err)
 	require.Equal(t, []string{"p5", "p6", "p7", "p8", "p9", "p10"}, payloads(next), "the rest, never the marked row")
 	require.NoError(t, other.Rollback(ctx))
@@ -71,7 +71,7 @@ func TestDeletingClaimOnPartitions(t *testing.T) {
 			require.Positive(t, pending)
 			tx, err := db.Begin(ctx)
 			require.NoError(t, err)
-			events, err := tbl.Claim(ctx, tx, DeleteOnDispatch, 7)
+			events, err := tbl.Claim(ctx, tx, DeleteOnDispatch, Rows(7))
 			require.NoError(t, err)
 			require.Len(t, events, min(7, pending))
 			require.NoError(t, tx.Commit(ctx))

@@ -42,6 +42,36 @@ type Event struct {
 	null [3]bool
 }
 
+// Size is what the event holds in memory, about: its id, type, payload and
+// key. A claim's byte budget (Limit.Bytes) adds these up.
+func (e *Event) Size() int { return len(e.ID) + len(e.Type) + len(e.Payload) + len(e.Key) }
+
+// Limit bounds a claim: at most Rows rows and, when Bytes is above 0, rows
+// whose Sizes add up to at most Bytes. The first row is always taken,
+// whatever its size: a row larger than the budget is claimed alone, not
+// left behind.
+type Limit struct {
+	Rows  int
+	Bytes int
+}
+
+// Rows is a Limit of n rows and no byte budget.
+func Rows(n int) Limit { return Limit{Rows: n} }
+
+// OverBudgetError: a claim read more than its Limit.Bytes. The statement
+// had claimed (locked, and marked or deleted) Limit.Rows rows before the
+// first one was read, so the claim returns none of them: the caller rolls
+// its transaction back, which returns every row to the outbox, and claims
+// again at most Fit rows, the ones that came within the budget.
+type OverBudgetError struct {
+	Fit    int // rows that came within the budget, at least 1
+	Budget int // Limit.Bytes
+}
+
+func (e *OverBudgetError) Error() string {
+	return fmt.Sprintf("claimed rows over the byte budget of %d: the first %d fit", e.Budget, e.Fit)
+}
+
 // Errors that callers map to conditions, log lines and metrics.
 var (
 	// ErrTableNotFound: the outbox table (or its schema) does not exist.
@@ -111,7 +141,7 @@ func (d Dispatch) String() string {
 // ties by the id, in the order of the id column's type (numeric for a
 // bigint, by its collation for text). Nothing is final until tx commits; a
 // rollback returns every row to the outbox.
-func (t *Table) Claim(ctx context.Context, tx Querier, d Dispatch, limit int) ([]Event, error) {
+func (t *Table) Claim(ctx context.Context, tx Querier, d Dispatch, limit Limit) ([]Event, error) {
 	return t.claim(ctx, tx, t.ClaimSQL(d), false, limit)
 }
 
@@ -122,14 +152,14 @@ func (t *Table) Claim(ctx context.Context, tx Querier, d Dispatch, limit int) ([
 // since the last vacuum, which a claim from the start of the index walks
 // past. A caller that claims from a point must also claim from the start
 // now and then (Frontier), or a row committed late below it would wait.
-func (t *Table) ClaimFrom(ctx context.Context, tx Querier, d Dispatch, limit int, from time.Time) ([]Event, error) {
+func (t *Table) ClaimFrom(ctx context.Context, tx Querier, d Dispatch, limit Limit, from time.Time) ([]Event, error) {
 	return t.claim(ctx, tx, t.ClaimFromSQL(d), false, limit, from)
 }
 
 // ClaimNext is Claim from where the frontier f says (ClaimFrom, or Claim
 // from the start), and records in f what it took: the claim loop of a
 // relay of ordering None, in one place for the relay and the benchmark.
-func (t *Table) ClaimNext(ctx context.Context, tx Querier, d Dispatch, limit int, f *Frontier) ([]Event, error) {
+func (t *Table) ClaimNext(ctx context.Context, tx Querier, d Dispatch, limit Limit, f *Frontier) ([]Event, error) {
 	now := time.Now()
 	var events []Event
 	var err error
@@ -142,7 +172,7 @@ func (t *Table) ClaimNext(ctx context.Context, tx Querier, d Dispatch, limit int
 		f.Reset()
 		return nil, err
 	}
-	f.Claimed(events, limit, now)
+	f.Claimed(events, limit.Rows, now)
 	return events, nil
 }
 
@@ -152,7 +182,7 @@ var ErrNoKeyColumn = errors.New("no key column configured (ordering PerKey needs
 // ClaimKeyed is Claim for ordering PerKey: it takes only pending rows whose
 // key falls in one of the given partitions (of partitions in all), and sets
 // each event's Key and Partition.
-func (t *Table) ClaimKeyed(ctx context.Context, tx Querier, d Dispatch, limit, partitions int, owned []int64) ([]Event, error) {
+func (t *Table) ClaimKeyed(ctx context.Context, tx Querier, d Dispatch, limit Limit, partitions int, owned []int64) ([]Event, error) {
 	if t.columns.Key == "" {
 		return nil, ErrNoKeyColumn
 	}
@@ -160,27 +190,39 @@ func (t *Table) ClaimKeyed(ctx context.Context, tx Querier, d Dispatch, limit, p
 }
 
 // claim runs a claim statement and reads its rows; keyed ones end with the
-// key and the partition.
-func (t *Table) claim(ctx context.Context, tx Querier, sql string, keyed bool, limit int, args ...any) ([]Event, error) {
-	rows, err := tx.Query(ctx, sql, append([]any{limit}, args...)...)
+// key and the partition. A claim that reads past limit.Bytes stops keeping
+// rows, reads the rest off the connection, and returns an OverBudgetError:
+// what it holds in memory is bounded by the budget and one row, whatever
+// the batch size.
+func (t *Table) claim(ctx context.Context, tx Querier, sql string, keyed bool, limit Limit, args ...any) ([]Event, error) {
+	rows, err := tx.Query(ctx, sql, append([]any{limit.Rows}, args...)...)
 	if err != nil {
 		return nil, t.classify(err)
 	}
 	defer rows.Close()
-	events := make([]Event, 0, limit)
+	events := make([]Event, 0, limit.Rows)
+	size := 0
 	s := newEventScanner(t.columns, keyed)
 	for rows.Next() {
 		e, err := s.scan(rows)
 		if err != nil {
 			return nil, fmt.Errorf("scanning claimed row: %w", err)
 		}
+		if size += e.Size(); limit.Bytes > 0 && size > limit.Bytes && len(events) > 0 {
+			fit := len(events) // the events are garbage from here, while Close reads the rest
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return nil, t.classify(err)
+			}
+			return nil, &OverBudgetError{Fit: fit, Budget: limit.Bytes}
+		}
 		events = append(events, e)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, t.classify(err)
 	}
-	if len(events) > limit { // the statement's own guarantee, checked: never more than asked
-		return nil, fmt.Errorf("claim returned %d rows for a batch of %d", len(events), limit)
+	if len(events) > limit.Rows { // the statement's own guarantee, checked: never more than asked
+		return nil, fmt.Errorf("claim returned %d rows for a batch of %d", len(events), limit.Rows)
 	}
 	return events, nil
 }

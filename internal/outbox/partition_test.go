@@ -127,7 +127,7 @@ func claimOne(t *testing.T, db *pgxpool.Pool, tbl *Table, seen map[string]bool) 
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		events, err := tbl.Claim(ctx, tx, MarkDispatched, 1)
+		events, err := tbl.Claim(ctx, tx, MarkDispatched, Rows(1))
 		require.NoError(t, err)
 		require.Len(t, events, 1)
 		require.False(t, seen[events[0].ID], "claimed twice: %s", events[0].ID)
@@ -152,13 +152,13 @@ func TestTwoClaimsOnPartitionsAreDisjoint(t *testing.T) {
 			tx1, err := db.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = tx1.Rollback(ctx) }()
-			first, err := tbl.Claim(ctx, tx1, d, 25)
+			first, err := tbl.Claim(ctx, tx1, d, Rows(25))
 			require.NoError(t, err)
 			require.Len(t, first, 25)
 			tx2, err := db.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = tx2.Rollback(ctx) }()
-			second, err := tbl.Claim(ctx, tx2, d, 25)
+			second, err := tbl.Claim(ctx, tx2, d, Rows(25))
 			require.NoError(t, err)
 			require.Len(t, second, 15)
 			ids := map[string]bool{}
@@ -181,7 +181,7 @@ func TestClaimOrdersTiesByID(t *testing.T) {
 		INSERT INTO outbox_events (event_type, payload) SELECT 't', g::text FROM generate_series(1, 300) g;`)
 	ctx := context.Background()
 	require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		events, err := tbl.Claim(ctx, tx, MarkDispatched, 300)
+		events, err := tbl.Claim(ctx, tx, MarkDispatched, Rows(300))
 		require.NoError(t, err)
 		require.Len(t, events, 300)
 		for i, e := range events {

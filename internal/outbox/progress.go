@@ -177,7 +177,7 @@ func (t *Table) CatchUpSince(ctx context.Context, q Querier, since *time.Time) (
 // every row committed before it was read.
 //
 // The caller widens since for the column's type first (CatchUpSince).
-func (t *Table) CatchUp(ctx context.Context, db pgtx.Beginner, since *time.Time, limit int,
+func (t *Table) CatchUp(ctx context.Context, db pgtx.Beginner, since *time.Time, limit Limit,
 	fn func([]Event) error) (snapshot time.Time, err error) {
 	err = pgtx.Run(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`); err != nil {
@@ -197,53 +197,110 @@ func (t *Table) CatchUp(ctx context.Context, db pgtx.Beginner, since *time.Time,
 // marked dispatched, and hands them to fn in pages of at most limit. The
 // caller holds a lock that keeps inserts out (relay: adding the child to
 // the publication).
-func (t *Table) CatchUpChild(ctx context.Context, tx pgx.Tx, schema, name string, limit int, fn func([]Event) error) error {
+func (t *Table) CatchUpChild(ctx context.Context, tx pgx.Tx, schema, name string, limit Limit, fn func([]Event) error) error {
 	return t.classify(t.readCatchUp(ctx, tx, "ONLY "+pgx.Identifier{schema, name}.Sanitize(), nil, limit, fn))
 }
 
-// readCatchUp pages through declareCatchUpSQL of from in tx.
-func (t *Table) readCatchUp(ctx context.Context, tx pgx.Tx, from string, since *time.Time, limit int,
+// readCatchUp pages through declareCatchUpSQL of from in tx: a FETCH of
+// limit.Rows at a time, handed to fn in pages within limit (pager), so
+// that memory stays within limit.Bytes however large the rows. fn runs
+// while a FETCH's rows are read: it must not use tx.
+func (t *Table) readCatchUp(ctx context.Context, tx pgx.Tx, from string, since *time.Time, limit Limit,
 	fn func([]Event) error) error {
-	if limit < 1 {
-		return fmt.Errorf("catching up in pages of %d rows: must be at least 1", limit)
+	if limit.Rows < 1 {
+		return fmt.Errorf("catching up in pages of %d rows: must be at least 1", limit.Rows)
 	}
 	if _, err := tx.Exec(ctx, t.format(declareCatchUpSQL, from), since); err != nil {
 		return fmt.Errorf("catching up: %w", err)
 	}
-	fetch := fmt.Sprintf(fetchCatchUpSQL, limit)
+	fetch := fmt.Sprintf(fetchCatchUpSQL, limit.Rows)
+	p := newPager(t.columns, false, limit, fn)
 	for {
-		page, err := t.scanEvents(tx.Query(ctx, fetch))
-		if err != nil {
+		n, err := p.read(tx.Query(ctx, fetch))
+		switch {
+		case p.failed:
+			return err // fn's own
+		case err != nil:
 			return fmt.Errorf("catching up: %w", err)
 		}
-		if len(page) > 0 {
-			if err := fn(page); err != nil {
-				return err
-			}
+		if err := p.flush(); err != nil {
+			return err
 		}
-		if len(page) < limit {
+		if n < limit.Rows {
 			_, err := tx.Exec(ctx, `CLOSE outbox_catch_up`)
 			return err
 		}
 	}
 }
 
-// scanEvents reads rows of (id, type, payload, created_at) into events.
-func (t *Table) scanEvents(rows pgx.Rows, err error) ([]Event, error) {
+// pager gathers the rows a statement streams into pages of at most
+// limit.Rows events, and of events whose sizes add up to at most
+// limit.Bytes when that is above 0 (a larger event makes a page alone),
+// and hands each page to fn as it fills: the readers of many rows (the
+// catch-up, the replay) hold a page in memory, never the whole result.
+// fn must not keep the page: its slice is reused.
+type pager struct {
+	scanner *eventScanner
+	limit   Limit
+	fn      func([]Event) error
+	page    []Event
+	bytes   int
+	// failed: fn returned an error, which read and flush return as it is.
+	failed bool
+}
+
+// newPager reads rows of (id, type, payload, created_at), and a key and a
+// partition after them when keyed (eventScanner).
+func newPager(c Columns, keyed bool, limit Limit, fn func([]Event) error) *pager {
+	return &pager{scanner: newEventScanner(c, keyed), limit: limit, fn: fn, page: make([]Event, 0, min(limit.Rows, 1024))}
+}
+
+// read reads a statement's rows into pages, and returns how many it read.
+func (p *pager) read(rows pgx.Rows, err error) (int, error) {
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	defer rows.Close()
-	var events []Event
-	s := newEventScanner(t.columns, false)
+	n := 0
 	for rows.Next() {
-		e, err := s.scan(rows)
+		e, err := p.scanner.scan(rows)
 		if err != nil {
-			return nil, fmt.Errorf("scanning row: %w", err)
+			return n, fmt.Errorf("scanning row: %w", err)
 		}
-		events = append(events, e)
+		n++
+		if err := p.add(e); err != nil {
+			return n, err
+		}
 	}
-	return events, rows.Err()
+	return n, rows.Err()
+}
+
+// add adds e to the page, handing the page to fn first when e would take
+// it over limit.Bytes, and after when it is full.
+func (p *pager) add(e Event) error {
+	if len(p.page) > 0 && p.limit.Bytes > 0 && p.bytes+e.Size() > p.limit.Bytes {
+		if err := p.flush(); err != nil {
+			return err
+		}
+	}
+	p.page = append(p.page, e)
+	p.bytes += e.Size()
+	if len(p.page) >= p.limit.Rows {
+		return p.flush()
+	}
+	return nil
+}
+
+// flush hands what the page holds to fn, if anything.
+func (p *pager) flush() error {
+	if len(p.page) == 0 {
+		return nil
+	}
+	err := p.fn(p.page)
+	clear(p.page) // let the collector have the payloads
+	p.page, p.bytes = p.page[:0], 0
+	p.failed = p.failed || err != nil
+	return err
 }
 
 // Now is the server's clock, which created_at defaults read.

@@ -61,7 +61,7 @@ func TestProgressAndBacklogSince(t *testing.T) {
 	require.NoError(t, err)
 	since := at(3)
 	var pages [][]string
-	snapshot, err := tbl.CatchUp(ctx, db, &since, 4, func(page []Event) error {
+	snapshot, err := tbl.CatchUp(ctx, db, &since, Rows(4), func(page []Event) error {
 		pages = append(pages, payloads(page))
 		return nil
 	})
@@ -80,7 +80,7 @@ func TestCatchUpReadsOneSnapshot(t *testing.T) {
 		INSERT INTO outbox_events (event_type, payload) SELECT 't', 'p' || g FROM generate_series(1, 5) g;`)
 	ctx := context.Background()
 	var got []string
-	_, err := tbl.CatchUp(ctx, db, nil, 2, func(page []Event) error {
+	_, err := tbl.CatchUp(ctx, db, nil, Rows(2), func(page []Event) error {
 		got = append(got, payloads(page)...)
 		_, err := db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES ('t', 'late', '2000-01-01')`)
 		return err
@@ -111,7 +111,7 @@ func TestCatchUpAndCleanupOfALocalTimeColumn(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, since.Equal(now.Add(-time.Minute-LocalTimeSkew)))
 	var got []string
-	_, err = tbl.CatchUp(ctx, db, since, 10, func(page []Event) error {
+	_, err = tbl.CatchUp(ctx, db, since, Rows(10), func(page []Event) error {
 		got = append(got, payloads(page)...)
 		return nil
 	})

@@ -131,11 +131,13 @@ func (t *Table) MarkStreamResetsReplayed(ctx context.Context, q Querier, stream 
 }
 
 // Dispatched reads the rows dispatched at or after since and before until,
-// in (created_at, id) order, and hands them to fn in pages of at most page
-// events. It runs one statement whose rows are streamed, so memory stays
-// bounded by a page; the rows are read from one snapshot, so cleanup
-// deleting them meanwhile changes nothing. fn's error stops the read.
-func (t *Table) Dispatched(ctx context.Context, q Querier, since, until time.Time, page int, fn func([]Event) error) error {
+// in (created_at, id) order, and hands them to fn in pages within page
+// (rows, and bytes: a pager). It runs one statement whose rows are
+// streamed, so memory stays bounded by a page; the rows are read from one
+// snapshot, so cleanup deleting them meanwhile changes nothing. fn runs
+// while the statement's rows are read: it must not use q. fn's error stops
+// the read.
+func (t *Table) Dispatched(ctx context.Context, q Querier, since, until time.Time, page Limit, fn func([]Event) error) error {
 	return t.readPages(ctx, q, dispatchedSQL, page, fn, since, until)
 }
 
@@ -145,7 +147,7 @@ func (t *Table) Dispatched(ctx context.Context, q Querier, since, until time.Tim
 // which marks no row dispatched, published in a window. For a `timestamp
 // without time zone` column the window widens by LocalTimeSkew on each
 // side: such a value is the writer's wall time, read as UTC.
-func (t *Table) Created(ctx context.Context, q Querier, since, until time.Time, page int, fn func([]Event) error) error {
+func (t *Table) Created(ctx context.Context, q Querier, since, until time.Time, page Limit, fn func([]Event) error) error {
 	local, err := t.CreatedAtIsLocal(ctx, q)
 	if err != nil {
 		return err
@@ -159,42 +161,23 @@ func (t *Table) Created(ctx context.Context, q Querier, since, until time.Time, 
 // readPages runs a statement (tmpl, whose %[14]s is where the key goes)
 // that reads (id, type, payload, created_at) rows, and each row's key when
 // the table has a key column (Event.Key: replayed entries of ordering
-// PerKey carry it too), and hands them to fn in pages of at most page
-// events.
-func (t *Table) readPages(ctx context.Context, q Querier, tmpl string, page int, fn func([]Event) error, args ...any) error {
-	if page < 1 {
-		return fmt.Errorf("page size %d: must be positive", page)
+// PerKey carry it too), and hands them to fn in pages within page.
+func (t *Table) readPages(ctx context.Context, q Querier, tmpl string, page Limit, fn func([]Event) error, args ...any) error {
+	if page.Rows < 1 {
+		return fmt.Errorf("page size %d: must be positive", page.Rows)
 	}
 	keyed := t.columns.Key != ""
 	key := ""
 	if keyed {
 		key = t.format(replayKeyed, t.qKey)
 	}
-	rows, err := q.Query(ctx, t.format(tmpl, key), args...)
-	if err != nil {
+	p := newPager(t.columns, keyed, page, fn)
+	_, err := p.read(q.Query(ctx, t.format(tmpl, key), args...))
+	switch {
+	case p.failed:
+		return err // fn's own
+	case err != nil:
 		return t.classify(err)
 	}
-	defer rows.Close()
-	events := make([]Event, 0, page)
-	s := newEventScanner(t.columns, keyed)
-	for rows.Next() {
-		e, err := s.scan(rows)
-		if err != nil {
-			return fmt.Errorf("scanning row: %w", err)
-		}
-		events = append(events, e)
-		if len(events) == page {
-			if err := fn(events); err != nil {
-				return err
-			}
-			events = events[:0]
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return t.classify(err)
-	}
-	if len(events) > 0 {
-		return fn(events)
-	}
-	return nil
+	return p.flush()
 }

@@ -103,6 +103,6 @@ func TestKeyColumn(t *testing.T) {
 	require.ErrorContains(t, err, `column "payload" is named twice`)
 	_, err = New("", Columns{Key: "x; DROP TABLE y"})
 	require.ErrorIs(t, err, ErrInvalidIdentifier)
-	_, err = MustNew("", Columns{}).ClaimKeyed(t.Context(), nil, MarkDispatched, 1, 1, nil)
+	_, err = MustNew("", Columns{}).ClaimKeyed(t.Context(), nil, MarkDispatched, Rows(1), 1, nil)
 	require.ErrorIs(t, err, ErrNoKeyColumn)
 }

@@ -17,8 +17,10 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultStream           = contract.DefaultStream
-	DefaultBatchSize        = 500
+	DefaultStream    = contract.DefaultStream
+	DefaultBatchSize = 500
+	// DefaultBatchBytes is the default byte budget of a batch (BatchBytes).
+	DefaultBatchBytes       = 16 << 20
 	DefaultPollInterval     = 500 * time.Millisecond
 	DefaultBusyPollInterval = 5 * time.Millisecond
 	DefaultPublishTimeout   = 5 * time.Second
@@ -32,6 +34,8 @@ const (
 	DefaultInFlight = 2
 	// MaxBatchSize bounds BatchSize.
 	MaxBatchSize = 10000
+	// MinBatchBytes bounds BatchBytes from below.
+	MinBatchBytes = 64 << 10
 )
 
 // Ordering is what a relay promises about the order of the stream.
@@ -95,6 +99,13 @@ type Config struct {
 	DeadLetterStream string
 	// BatchSize is the number of rows claimed per transaction.
 	BatchSize int
+	// BatchBytes bounds the ids, types and payloads a batch holds in
+	// memory: a claim that reads more is rolled back and claimed again with
+	// the rows that fit (outbox.Limit), so rows of large payloads are
+	// claimed a few at a time instead of a whole BatchSize into memory
+	// (out of memory, then a crash loop). A single row larger than the
+	// budget is still claimed, alone. Default DefaultBatchBytes.
+	BatchBytes int
 	// PollInterval is the pause after a pass that found nothing.
 	PollInterval time.Duration
 	// BusyPollInterval is the shorter pause after a pass that found rows
@@ -189,6 +200,7 @@ func (c Config) withDefaults() Config {
 	c.Stream = cmp.Or(c.Stream, DefaultStream)
 	c.DeadLetterStream = cmp.Or(c.DeadLetterStream, contract.DeadLetterStream(c.Stream))
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.BatchBytes = cmp.Or(c.BatchBytes, DefaultBatchBytes)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.BusyPollInterval = min(cmp.Or(c.BusyPollInterval, DefaultBusyPollInterval), c.PollInterval)
 	c.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
@@ -226,6 +238,9 @@ func (c Config) validate() error {
 	}
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
 		errs = append(errs, fmt.Errorf("batch size %d out of range 1..%d", c.BatchSize, MaxBatchSize))
+	}
+	if c.BatchBytes < MinBatchBytes {
+		errs = append(errs, fmt.Errorf("batch bytes %d below %d", c.BatchBytes, MinBatchBytes))
 	}
 	if c.InFlight < 1 || c.InFlight > 8 {
 		errs = append(errs, fmt.Errorf("in-flight batches %d out of range 1..8", c.InFlight))

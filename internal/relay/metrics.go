@@ -33,8 +33,11 @@ type Metrics struct {
 	EventsPublished    prometheus.Counter
 	EventsDeadLettered prometheus.Counter
 	Batches            prometheus.Counter
-	Errors             *prometheus.CounterVec
-	BatchDuration      prometheus.Histogram
+	// ClaimsOverBudget counts the claims rolled back for reading more than
+	// BatchBytes.
+	ClaimsOverBudget prometheus.Counter
+	Errors           *prometheus.CounterVec
+	BatchDuration    prometheus.Histogram
 	// BatchPhase splits a batch's time (polling) into its phases: claim
 	// (the statement), queued (claimed, waiting for the publisher: the
 	// overlap of batches in flight), publish (the XADD pipeline) and commit.
@@ -59,6 +62,10 @@ func NewMetrics() *Metrics {
 		Batches: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_batches_total",
 			Help: "Batches committed (non-empty claims).",
+		}),
+		ClaimsOverBudget: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_claims_over_budget_total",
+			Help: "Claims rolled back for reading more than the batch byte budget (--batch-bytes), then made again with the rows that fit.",
 		}),
 		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_relay_errors_total",
@@ -100,7 +107,7 @@ func NewMetrics() *Metrics {
 // Register registers every collector with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
 	for _, c := range append([]prometheus.Collector{
-		m.EventsPublished, m.EventsDeadLettered, m.Batches, m.Errors, m.BatchDuration, m.BatchPhase, m.Lag, m.Ready,
+		m.EventsPublished, m.EventsDeadLettered, m.Batches, m.ClaimsOverBudget, m.Errors, m.BatchDuration, m.BatchPhase, m.Lag, m.Ready,
 	}, m.stream.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return err

@@ -43,7 +43,8 @@ type Relay struct {
 	// replay waits for (streamloss.go).
 	open openBatches
 	// claimLimit is the number of rows a claim takes: BatchSize, halved
-	// after a batch or a claim that timed out (claimSize, claimFailed).
+	// after a batch or a claim that timed out (claimSize, claimFailed), cut
+	// to the rows that fit after a claim over BatchBytes (overBudget).
 	claimLimit atomic.Int64
 
 	// testHookBeforeCommit, when set, runs after every XADD of a batch was
@@ -168,6 +169,8 @@ type batch struct {
 	ownerEpoch int64
 	// limit is the number of rows the claim asked for.
 	limit int
+	// bytes is the size of the events (outbox.Event.Size).
+	bytes int
 }
 
 // pipeline relays until ctx ends: one claimer feeds claimed batches, in
@@ -290,7 +293,11 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 		b, err := r.claim(ctx, o, frontier)
 		var pause time.Duration
 		var wake <-chan struct{}
+		var over *outbox.OverBudgetError
 		switch {
+		case errors.As(err, &over): // rolled back: claimed again at once, fewer rows
+			r.overBudget(over)
+			p.tokens <- struct{}{}
 		case err != nil:
 			if frontier != nil {
 				frontier.Reset() // the database may have ended transactions below it
@@ -366,10 +373,34 @@ func (r *Relay) claimSize(b *batch, err error) {
 	var re *replicasError
 	switch {
 	case err == nil:
-		r.claimLimit.Store(min(2*r.claimLimit.Load(), int64(r.cfg.BatchSize)))
+		r.claimLimit.Store(min(2*r.claimLimit.Load(), int64(r.cfg.BatchSize), r.rowsInBudget(b)))
 	case errors.As(err, &pe) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &re)):
 		r.claimLimit.Store(max(int64(len(b.events))/2, 1))
 	}
+}
+
+// batchLimit is a whole batch's limit: BatchSize rows within BatchBytes.
+func (r *Relay) batchLimit() outbox.Limit {
+	return outbox.Limit{Rows: r.cfg.BatchSize, Bytes: r.cfg.BatchBytes}
+}
+
+// rowsInBudget is how many rows of the size of b's, on average, fit in
+// BatchBytes (at least one): claims that grow back after a claim over the
+// budget stop short of it, as long as the rows keep their size.
+func (r *Relay) rowsInBudget(b *batch) int64 {
+	if b == nil || b.bytes == 0 || len(b.events) == 0 {
+		return int64(r.cfg.BatchSize)
+	}
+	return max(int64(r.cfg.BatchBytes)*int64(len(b.events))/int64(b.bytes), 1)
+}
+
+// overBudget cuts the claims to the rows that came within BatchBytes after
+// a claim that read more (outbox.OverBudgetError), so that the relay holds
+// no more than its budget of rows in memory, however large they are.
+func (r *Relay) overBudget(err *outbox.OverBudgetError) {
+	r.claimLimit.Store(int64(max(err.Fit, 1)))
+	r.cfg.Metrics.ClaimsOverBudget.Inc()
+	r.log.Debug("Claim over the batch byte budget, claiming fewer rows", "rows", err.Fit, "batchBytes", err.Budget)
 }
 
 // claimFailed halves the claims after one that statement_timeout cancelled
@@ -506,17 +537,21 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 			return nil, err
 		}
 	}
+	limit := outbox.Limit{Rows: b.limit, Bytes: r.cfg.BatchBytes}
 	switch {
 	case r.cfg.Ordering == OrderingPerKey:
-		b.events, err = r.cfg.Table.ClaimKeyed(ctx, tx, r.cfg.Dispatch, b.limit, r.cfg.Partitions, parts)
+		b.events, err = r.cfg.Table.ClaimKeyed(ctx, tx, r.cfg.Dispatch, limit, r.cfg.Partitions, parts)
 	case frontier != nil:
-		b.events, err = r.cfg.Table.ClaimNext(ctx, tx, r.cfg.Dispatch, b.limit, frontier)
+		b.events, err = r.cfg.Table.ClaimNext(ctx, tx, r.cfg.Dispatch, limit, frontier)
 	default:
-		b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.Dispatch, b.limit)
+		b.events, err = r.cfg.Table.Claim(ctx, tx, r.cfg.Dispatch, limit)
 	}
 	if err != nil {
 		r.rollback(b)
 		return nil, fmt.Errorf("claiming batch: %w", err)
+	}
+	for i := range b.events {
+		b.bytes += b.events[i].Size()
 	}
 	b.claimed = time.Now()
 	if len(b.events) == 0 {

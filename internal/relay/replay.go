@@ -29,6 +29,9 @@ type ReplayOptions struct {
 	// BatchSize is the number of events per pipeline; default
 	// DefaultBatchSize.
 	BatchSize int
+	// BatchBytes bounds the ids, types and payloads of a pipeline (a larger
+	// event goes alone); default DefaultBatchBytes.
+	BatchBytes int
 	// PublishTimeout bounds each pipeline; default DefaultPublishTimeout.
 	PublishTimeout time.Duration
 	// MaxPayloadBytes: larger payloads are skipped (the relay parked them
@@ -89,15 +92,19 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 	if o.Created {
 		read, by = table.Created, "created_at"
 	}
-	err := read(ctx, db, o.Since, o.Until, cmp.Or(o.BatchSize, DefaultBatchSize), func(events []outbox.Event) error {
+	page := outbox.Limit{Rows: cmp.Or(o.BatchSize, DefaultBatchSize), Bytes: cmp.Or(o.BatchBytes, DefaultBatchBytes)}
+	err := read(ctx, db, o.Since, o.Until, page, func(events []outbox.Event) error {
 		n, skipped, err := r.replayPage(ctx, rdb, events)
 		res.Republished += n
 		res.Skipped += skipped
 		if n > 0 {
+			// Copies: the page's events are reused for the next page.
 			if res.First == nil {
-				res.First = &events[0].CreatedAt
+				first := events[0].CreatedAt
+				res.First = &first
 			}
-			res.Last = &events[len(events)-1].CreatedAt
+			last := events[len(events)-1].CreatedAt
+			res.Last = &last
 		}
 		return err
 	})

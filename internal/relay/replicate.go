@@ -102,7 +102,7 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 	var lastProgress time.Time
 	for {
 		nctx, cancel := context.WithTimeout(ctx, r.cfg.PollInterval)
-		b, err := reader.Next(nctx, r.cfg.BatchSize, r.cfg.BusyPollInterval)
+		b, err := reader.Next(nctx, r.batchLimit(), r.cfg.BusyPollInterval)
 		idle := nctx.Err() != nil
 		cancel()
 		if ctx.Err() == nil && time.Since(lastCover) >= max(r.cfg.PollInterval, minCoverEvery) {
@@ -230,7 +230,7 @@ func (r *Relay) catchUp(ctx context.Context, due catchUpDue, reader *logical.Rea
 		return fmt.Errorf("catching up: %w", err)
 	}
 	total := 0
-	snapshot, err := r.cfg.Table.CatchUp(ctx, r.db, since, r.cfg.BatchSize, func(page []outbox.Event) error {
+	snapshot, err := r.cfg.Table.CatchUp(ctx, r.db, since, r.batchLimit(), func(page []outbox.Event) error {
 		if r.testHookCatchUp != nil {
 			if err := r.testHookCatchUp(ctx, false); err != nil {
 				return err
@@ -309,7 +309,7 @@ func (r *Relay) coverChildren(ctx context.Context, opts logical.Options, reader 
 			return nil
 		}
 		for _, c := range children {
-			err := r.cfg.Table.CatchUpChild(ctx, tx, c.Schema, c.Name, r.cfg.BatchSize, func(page []outbox.Event) error {
+			err := r.cfg.Table.CatchUpChild(ctx, tx, c.Schema, c.Name, r.batchLimit(), func(page []outbox.Event) error {
 				if err := r.publishStreamed(ctx, page, time.Now()); err != nil {
 					return err
 				}

@@ -382,7 +382,7 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	}
 	res, err := Replay(ctx, r.cfg.Table, r.db, r.rdb, ReplayOptions{
 		Stream: r.cfg.Stream, Since: since, Until: until, Created: created, BatchSize: r.cfg.BatchSize,
-		PublishTimeout: r.cfg.PublishTimeout, MaxPayloadBytes: r.cfg.MaxPayloadBytes,
+		BatchBytes: r.cfg.BatchBytes, PublishTimeout: r.cfg.PublishTimeout, MaxPayloadBytes: r.cfg.MaxPayloadBytes,
 		WaitReplicas: r.cfg.WaitReplicas, WaitTimeout: r.cfg.WaitTimeout,
 		// The window recorded, not the clamped one, is what is marked.
 		MarkSince: reset.WindowStart,

@@ -175,7 +175,7 @@ func TestWriterWithACustomLayoutAndJSONBPayload(t *testing.T) {
 	tx, err := b.db.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	claimed, err := tbl.Claim(ctx, tx, ioutbox.MarkDispatched, 10)
+	claimed, err := tbl.Claim(ctx, tx, ioutbox.MarkDispatched, ioutbox.Rows(10))
 	require.NoError(t, err)
 	require.Len(t, claimed, 2)
 	require.WithinDuration(t, time.Now(), claimed[0].CreatedAt, time.Minute, "created_at read as UTC")
