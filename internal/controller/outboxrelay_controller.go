@@ -127,7 +127,8 @@ type relayState struct {
 // +kubebuilder:rbac:groups=relay.outbox.dev,resources=outboxrelays,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=relay.outbox.dev,resources=outboxrelays/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=relay.outbox.dev,resources=outboxrelays/finalizers,verbs=update
-// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=list
 // +kubebuilder:rbac:groups=batch,resources=cronjobs,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -279,8 +281,8 @@ func (r *OutboxRelayReconciler) ensureFinalizer(ctx context.Context, relay *v1al
 }
 
 // finalize runs when a relay of source LogicalReplication is deleted: it
-// stops the relays (the Deployment scaled to zero, then no relay pod left:
-// a relay still running would create the slot again), drops the slot over
+// stops the relays (the Deployment deleted, then no ReplicaSet or relay pod
+// left: a relay still running would create the slot again), drops the slot over
 // a connection like the backlog check's, and removes the finalizer. When
 // the slot cannot be dropped the finalizer stays, the conditions say why
 // and how to finish by hand, and the drop is retried with backoff.
@@ -295,7 +297,8 @@ func (r *OutboxRelayReconciler) finalize(ctx context.Context, relay *v1alpha1.Ou
 		return ctrl.Result{}, err
 	}
 	if pods > 0 {
-		msg := fmt.Sprintf("the OutboxRelay is being deleted: waiting for %d relay pods to stop before dropping replication slot %s", pods, slot)
+		msg := fmt.Sprintf("the OutboxRelay is being deleted: waiting for the relay Deployment, its ReplicaSets and pods "+
+			"(%d left) to be gone before dropping replication slot %s", pods, slot)
 		if err := r.writeFinalizingStatus(ctx, relay, unknownCondition(v1alpha1.ReasonSlotDropPending, msg)); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -334,28 +337,44 @@ func (r *OutboxRelayReconciler) finalize(ctx context.Context, relay *v1alpha1.Ou
 	return ctrl.Result{}, nil
 }
 
-// stopRelays scales the relay Deployment to zero and returns how many relay
-// pods still exist (read from the API server: the manager caches no pods).
+// stopRelays deletes the relay Deployment and returns how many of its
+// objects that can run a relay still exist: the Deployment while it is
+// being deleted, its ReplicaSets and the relay pods (read from the API
+// server: the manager caches none of them). The Deployment is deleted, not
+// scaled to zero: an autoscaler of replicas.mode External, or a ReplicaSet
+// that had not yet seen the scale-down, could start a relay after the pods
+// were counted, and that relay would create the slot again after its drop,
+// keeping WAL with nobody left to drop it. Once the Deployment and its
+// ReplicaSets are gone nothing starts a relay; the garbage collector
+// removes them (background propagation), and the pods last.
 func (r *OutboxRelayReconciler) stopRelays(ctx context.Context, relay *v1alpha1.OutboxRelay) (int, error) {
 	dep, err := getOrNil(ctx, r.Client, types.NamespacedName{Namespace: relay.Namespace, Name: DeploymentName(relay)}, &appsv1.Deployment{})
 	if err != nil {
 		return 0, fmt.Errorf("getting Deployment: %w", err)
 	}
-	if dep != nil && dep.DeletionTimestamp.IsZero() && ptr.Deref(dep.Spec.Replicas, 1) != 0 {
-		dep = dep.DeepCopy()
-		dep.Spec.Replicas = ptr.To[int32](0)
-		if err := r.Update(ctx, dep); err != nil && !apierrors.IsNotFound(err) {
-			return 0, fmt.Errorf("scaling Deployment %s to zero: %w", dep.Name, err)
+	if dep != nil {
+		if dep.DeletionTimestamp.IsZero() {
+			err := r.Delete(ctx, dep, client.PropagationPolicy(metav1.DeletePropagationBackground), client.Preconditions{UID: &dep.UID})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return 0, fmt.Errorf("deleting Deployment %s: %w", dep.Name, err)
+			}
+			logf.FromContext(ctx).Info("Deleted the relay Deployment before dropping the replication slot", "name", dep.Name)
 		}
-		logf.FromContext(ctx).Info("Scaled relays to zero before dropping the replication slot", "name", dep.Name)
+		return 1, nil // looked at again next time: gone from the cache by then
 	}
-	var pods metav1.PartialObjectMetadataList
-	pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
-	if err := r.APIReader.List(ctx, &pods, client.InNamespace(relay.Namespace),
-		client.MatchingLabels(selectorLabels(relay, ComponentRelay))); err != nil {
-		return 0, fmt.Errorf("listing relay pods: %w", err)
+	selector := client.MatchingLabels(selectorLabels(relay, ComponentRelay))
+	left := 0
+	for _, kind := range []schema.GroupVersionKind{
+		appsv1.SchemeGroupVersion.WithKind("ReplicaSetList"), corev1.SchemeGroupVersion.WithKind("PodList"),
+	} {
+		var list metav1.PartialObjectMetadataList
+		list.SetGroupVersionKind(kind)
+		if err := r.APIReader.List(ctx, &list, client.InNamespace(relay.Namespace), selector); err != nil {
+			return 0, fmt.Errorf("listing relay %s: %w", strings.TrimSuffix(kind.Kind, "List"), err)
+		}
+		left += len(list.Items)
 	}
-	return len(pods.Items), nil
+	return left, nil
 }
 
 // dropSlot drops the relay's slot; a failure is safe to show.

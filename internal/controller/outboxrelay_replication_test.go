@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -290,7 +291,8 @@ func (s *suite) waitGone(t *testing.T, key types.NamespacedName) {
 // before and after the relay's progress, the slot missing, then unbounded
 // (the shared test server leaves max_slot_wal_keep_size unset) without
 // touching Ready, then retaining WAL past maxRetainedWAL (Ready False), and
-// the deletion that scales the relays to zero and drops the slot.
+// the deletion that deletes the relays' Deployment, waits for its
+// ReplicaSets and pods, and drops the slot.
 func testLogicalReplicationRelay(t *testing.T, s *suite) {
 	key, conn := s.readyRelay(t, withSource(v1alpha1.SourceLogicalReplication), withReplicas(1, 5, 10, ""))
 	ctx := context.Background()
@@ -367,14 +369,45 @@ func testLogicalReplicationRelay(t *testing.T, s *suite) {
 	require.Greater(t, gauge(t, s, "outbox_operator_relay_replication_slot_retained_bytes", key), 1024.0)
 	s.waitEvent(t, key, v1alpha1.ReasonSlotRetainingWAL)
 
-	// Deleted: the relays are scaled to zero, the slot is dropped, then
-	// the OutboxRelay goes.
+	// Deleted: the Deployment is deleted, and the slot is dropped only once
+	// nothing is left that could start a relay and make the slot again: a
+	// ReplicaSet and a relay pod (made here by hand: envtest runs neither
+	// the deployment controller nor the garbage collector) hold the drop
+	// back until each is gone.
+	dep := s.deployment(t, key)
+	rs := &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: "orders-relay-5d9f", Labels: dep.Spec.Template.Labels},
+		Spec: appsv1.ReplicaSetSpec{
+			Replicas: ptr.To[int32](1), Selector: dep.Spec.Selector, Template: *dep.Spec.Template.DeepCopy(),
+		},
+	}
+	require.NoError(t, s.c.Create(ctx, rs))
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: "orders-relay-5d9f-x2x7q", Labels: dep.Spec.Template.Labels},
+		Spec:       *dep.Spec.Template.Spec.DeepCopy(),
+	}
+	require.NoError(t, s.c.Create(ctx, pod))
 	require.NoError(t, s.c.Delete(ctx, s.relay(t, key)))
+	left := func(n int) {
+		t.Helper()
+		s.waitStatus(t, key, fmt.Sprintf("SlotDropPending, %d left", n), func(st *v1alpha1.OutboxRelayStatus) error {
+			c := meta.FindStatusCondition(st.Conditions, string(v1alpha1.ConditionReplicationSlotHealthy))
+			if c == nil || c.Reason != string(v1alpha1.ReasonSlotDropPending) || !strings.Contains(c.Message, fmt.Sprintf("(%d left)", n)) {
+				return fmt.Errorf("condition %+v", c)
+			}
+			return nil
+		})
+	}
+	left(2) // the Deployment deleted; its ReplicaSet and the pod left
+	err = s.c.Get(ctx, client.ObjectKeyFromObject(dep), &appsv1.Deployment{})
+	require.True(t, apierrors.IsNotFound(err), "the relay Deployment is deleted, not scaled: %v", err)
+	require.NoError(t, s.c.Delete(ctx, rs))
+	left(1)
+	require.True(t, slotExists(t, conn, slot), "a relay pod is left: the slot is not dropped yet")
+	require.Contains(t, s.relay(t, key).Finalizers, v1alpha1.FinalizerReplicationSlot)
+	require.NoError(t, s.c.Delete(ctx, pod))
 	s.waitGone(t, key)
 	require.False(t, slotExists(t, conn, slot), "the operator dropped the slot")
-	dep := &appsv1.Deployment{}
-	require.NoError(t, s.c.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: "orders-relay"}, dep))
-	require.Equal(t, ptr.To[int32](0), dep.Spec.Replicas, "the relays were stopped before the drop")
 	s.waitEvent(t, key, v1alpha1.ReasonSlotDropped)
 }
 
