@@ -160,6 +160,9 @@ func runReplay(cmd *cobra.Command, c *common, o *replayOptions) error {
 		if perr := printReplay(cmd, o.output, res, msg); err == nil {
 			err = perr
 		}
+		if res.Incomplete != "" && o.output != outputJSON { // JSON carries it as "incomplete"
+			_, _ = fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+res.Incomplete)
+		}
 		return err
 	})
 }

@@ -158,6 +158,24 @@ func (t *Table) Created(ctx context.Context, q Querier, since, until time.Time, 
 	return t.readPages(ctx, q, createdSQL, page, fn, since, until)
 }
 
+// KeepsRowsBefore reports whether a row dispatched before since (by
+// created_at with byCreated) is still in the table. Cleanup deletes rows
+// oldest first, by that time, so when one is left a replay from since finds
+// every row of its window; when none is, cleanup may have deleted some of
+// them already (or the table holds nothing older). One scan of the table at
+// most, like the replay's own.
+func (t *Table) KeepsRowsBefore(ctx context.Context, q Querier, byCreated bool, since time.Time) (bool, error) {
+	tmpl := olderDispatchedSQL
+	if byCreated {
+		tmpl = olderCreatedSQL
+	}
+	var kept bool
+	if err := q.QueryRow(ctx, t.format(tmpl), since).Scan(&kept); err != nil {
+		return false, t.classify(err)
+	}
+	return kept, nil
+}
+
 // readPages runs a statement (tmpl, whose %[14]s is where the key goes)
 // that reads (id, type, payload, created_at) rows, and each row's key when
 // the table has a key column (Event.Key: replayed entries of ordering

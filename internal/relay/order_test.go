@@ -485,3 +485,34 @@ func TestReplayOfAKeyedTableKeepsTheKey(t *testing.T) {
 		require.Equal(t, w.key, replayed[w.id], "key of event %s", w.id)
 	}
 }
+
+// TestReplayPastWhatCleanupKeptSaysSo: a replay whose window starts where
+// the table still holds an older row finds every row of the window; once
+// cleanup has deleted every row older than the window's start, the replay
+// cannot tell it found them all, and says so (ReplayResult.Incomplete),
+// having republished what is left.
+func TestReplayPastWhatCleanupKeptSaysSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ids := b.insert(t, 5)
+	b.drain(t, b.newRelay(t, Config{}))
+	ctx := context.Background()
+	_, err := b.db.Exec(ctx, `UPDATE outbox_events SET dispatched_at = now() - interval '2 hours' WHERE id = $1`, ids[0])
+	require.NoError(t, err)
+	replay := func() ReplayResult {
+		res, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream,
+			Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Hour)})
+		require.NoError(t, err)
+		return res
+	}
+	res := replay()
+	require.EqualValues(t, 4, res.Republished)
+	require.Empty(t, res.Incomplete, "a row dispatched before the window is left: nothing of the window was deleted")
+
+	_, err = b.db.Exec(ctx, `DELETE FROM outbox_events WHERE id = $1`, ids[0]) // as cleanup would
+	require.NoError(t, err)
+	res = replay()
+	require.EqualValues(t, 4, res.Republished)
+	require.Contains(t, res.Incomplete, "no row dispatched before ")
+	require.Contains(t, res.Incomplete, "cleanup may have deleted rows of the window")
+}

@@ -168,15 +168,15 @@ type bulkLimit struct {
 	stale   bool
 }
 
-// bulkLimitRefresh is how soon a stale limit may be read again.
-const bulkLimitRefresh = 5 * time.Second
-
-// get returns the limit, reading it on first use and, once stale, again at
-// most every bulkLimitRefresh.
+// get returns the limit, reading it on first use and again on the first
+// use after expire: a batch retried after a failure sees the limit as it is
+// now, so a limit lowered under a running relay costs one failed batch (and
+// its duplicates), not one per retry. The failures' backoff bounds how
+// often that is.
 func (b *bulkLimit) get(ctx context.Context, rdb redis.UniversalClient) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.checked.IsZero() && (!b.stale || time.Since(b.checked) < bulkLimitRefresh) {
+	if !b.checked.IsZero() && !b.stale {
 		return b.value
 	}
 	b.checked, b.stale = time.Now(), false

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -61,6 +62,10 @@ type ReplayResult struct {
 	// ResetsReplayed is the number of recorded stream resets whose window
 	// the replay covered, now marked replayed.
 	ResetsReplayed int64 `json:"resetsReplayed"`
+	// Incomplete, when set, says why the window may have held more events
+	// than the table still has (outbox.Table.KeepsRowsBefore): those were
+	// not republished, and cannot be.
+	Incomplete string `json:"incomplete,omitempty"`
 }
 
 // Replay republishes the rows dispatched (with Created: created) in
@@ -110,6 +115,19 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 	})
 	if err != nil {
 		return res, fmt.Errorf("replaying %s: %w", o.Stream, err)
+	}
+	// A window from the epoch (ReplayWindow of a slot's relay) asks for
+	// every row kept: none older can be missing from it.
+	kept := !o.Since.After(time.Unix(0, 0))
+	if !kept {
+		if kept, err = table.KeepsRowsBefore(ctx, db, o.Created, o.Since); err != nil {
+			return res, fmt.Errorf("replaying %s: looking for rows older than the window: %w", o.Stream, err)
+		}
+	}
+	if !kept {
+		res.Incomplete = fmt.Sprintf("no row %s before %s is left in %s: cleanup may have deleted rows of the window "+
+			"already (it deletes the oldest, past its retention), whose events could not be republished",
+			strings.TrimSuffix(by, "_at"), o.Since.UTC().Format(time.RFC3339), table)
 	}
 	if res.Republished > 0 {
 		if err := table.RecordReplay(ctx, db, o.Stream, o.Since, o.Until, "replayed: the rows of this window by "+by); err != nil {

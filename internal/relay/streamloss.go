@@ -395,6 +395,9 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	}
 	r.log.Info("Replayed the window of a stream reset", "since", since.Format(time.RFC3339),
 		"until", until.Format(time.RFC3339), "republished", res.Republished, "skipped", res.Skipped)
+	if res.Incomplete != "" {
+		r.log.Warn("The replayed window may have lost events for good", "reason", res.Incomplete)
+	}
 }
 
 // ReplayWindow is the window of rows a replay of a stream reset's window
