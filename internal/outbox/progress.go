@@ -201,10 +201,14 @@ func (t *Table) CatchUpChild(ctx context.Context, tx pgx.Tx, schema, name string
 	return t.classify(t.readCatchUp(ctx, tx, "ONLY "+pgx.Identifier{schema, name}.Sanitize(), nil, limit, fn))
 }
 
-// readCatchUp pages through declareCatchUpSQL of from in tx: a FETCH of
-// limit.Rows at a time, handed to fn in pages within limit (pager), so
-// that memory stays within limit.Bytes however large the rows. fn runs
-// while a FETCH's rows are read: it must not use tx.
+// readCatchUp pages through declareCatchUpSQL of from in tx, handing the
+// rows to fn in pages within limit (pager), so that memory stays within
+// limit.Bytes however large the rows. fn runs while a FETCH's rows are
+// read: it must not use tx. A FETCH of rows larger than the budget spans
+// several pages, and its statement lasts until the last is published: so
+// the first FETCH takes catchUpFirstFetch rows at most, and each next one
+// as many as the rows read so far say fit in the budget (up to twice the
+// last, and limit.Rows), so that a FETCH publishes about one page.
 func (t *Table) readCatchUp(ctx context.Context, tx pgx.Tx, from string, since *time.Time, limit Limit,
 	fn func([]Event) error) error {
 	if limit.Rows < 1 {
@@ -213,10 +217,10 @@ func (t *Table) readCatchUp(ctx context.Context, tx pgx.Tx, from string, since *
 	if _, err := tx.Exec(ctx, t.format(declareCatchUpSQL, from), since); err != nil {
 		return fmt.Errorf("catching up: %w", err)
 	}
-	fetch := fmt.Sprintf(fetchCatchUpSQL, limit.Rows)
 	p := newPager(t.columns, false, limit, fn)
-	for {
-		n, err := p.read(tx.Query(ctx, fetch))
+	for fetch := min(limit.Rows, catchUpFirstFetch); ; {
+		before := p.read
+		n, err := p.scan(tx.Query(ctx, fmt.Sprintf(fetchCatchUpSQL, fetch)))
 		switch {
 		case p.failed:
 			return err // fn's own
@@ -226,12 +230,20 @@ func (t *Table) readCatchUp(ctx context.Context, tx pgx.Tx, from string, since *
 		if err := p.flush(); err != nil {
 			return err
 		}
-		if n < limit.Rows {
+		if n < fetch {
 			_, err := tx.Exec(ctx, `CLOSE outbox_catch_up`)
 			return err
 		}
+		fetch = min(2*fetch, limit.Rows)
+		if read := p.read - before; limit.Bytes > 0 && read > 0 {
+			fetch = min(fetch, max(1, int(int64(limit.Bytes)*int64(n)/read)))
+		}
 	}
 }
+
+// catchUpFirstFetch bounds the rows of a catch-up's first FETCH, before it
+// knows their size.
+const catchUpFirstFetch = 64
 
 // pager gathers the rows a statement streams into pages of at most
 // limit.Rows events, and of events whose sizes add up to at most
@@ -244,8 +256,9 @@ type pager struct {
 	limit   Limit
 	fn      func([]Event) error
 	page    []Event
-	bytes   int
-	// failed: fn returned an error, which read and flush return as it is.
+	bytes   int   // the Sizes of page
+	read    int64 // the Sizes of every event read
+	// failed: fn returned an error, which scan and flush return as it is.
 	failed bool
 }
 
@@ -255,8 +268,8 @@ func newPager(c Columns, keyed bool, limit Limit, fn func([]Event) error) *pager
 	return &pager{scanner: newEventScanner(c, keyed), limit: limit, fn: fn, page: make([]Event, 0, min(limit.Rows, 1024))}
 }
 
-// read reads a statement's rows into pages, and returns how many it read.
-func (p *pager) read(rows pgx.Rows, err error) (int, error) {
+// scan reads a statement's rows into pages, and returns how many it read.
+func (p *pager) scan(rows pgx.Rows, err error) (int, error) {
 	if err != nil {
 		return 0, err
 	}
@@ -285,6 +298,7 @@ func (p *pager) add(e Event) error {
 	}
 	p.page = append(p.page, e)
 	p.bytes += e.Size()
+	p.read += int64(e.Size())
 	if len(p.page) >= p.limit.Rows {
 		return p.flush()
 	}

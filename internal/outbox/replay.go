@@ -190,7 +190,7 @@ func (t *Table) readPages(ctx context.Context, q Querier, tmpl string, page Limi
 		key = t.format(replayKeyed, t.qKey)
 	}
 	p := newPager(t.columns, keyed, page, fn)
-	_, err := p.read(q.Query(ctx, t.format(tmpl, key), args...))
+	_, err := p.scan(q.Query(ctx, t.format(tmpl, key), args...))
 	switch {
 	case p.failed:
 		return err // fn's own
