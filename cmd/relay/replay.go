@@ -19,6 +19,7 @@ type replayOptions struct {
 	since, until     string
 	pending          bool
 	batchSize        int
+	batchBytes       int
 	publishTimeout   time.Duration
 	statementTimeout time.Duration
 	waitReplicas     int
@@ -59,6 +60,8 @@ stream any time after its created_at), as far back as relay cleanup --slot kept.
 	fs.StringVar(&o.until, "until", "", "and before this time (RFC 3339; default now)")
 	fs.BoolVar(&o.pending, "pending", false, "replay the window of every stream reset recorded for --stream and not replayed yet")
 	fs.IntVar(&o.batchSize, "batch-size", relay.DefaultBatchSize, fmt.Sprintf("entries per pipeline (1..%d)", relay.MaxBatchSize))
+	fs.IntVar(&o.batchBytes, "batch-bytes", relay.DefaultBatchBytes, fmt.Sprintf(
+		"bytes of ids, types and payloads per pipeline (at least %d; a larger event goes alone)", relay.MinBatchBytes))
 	fs.DurationVar(&o.publishTimeout, "publish-timeout", relay.DefaultPublishTimeout, "deadline of each pipeline")
 	fs.DurationVar(&o.statementTimeout, "statement-timeout", time.Hour, "PostgreSQL statement_timeout of the one query that reads the window")
 	fs.IntVar(&o.waitReplicas, "wait-replicas", 0, "WAIT for this many replicas after each pipeline")
@@ -83,6 +86,9 @@ func (o *replayOptions) validate() error {
 	}
 	if o.batchSize < 1 || o.batchSize > relay.MaxBatchSize {
 		errs = append(errs, fmt.Errorf("--batch-size %d: must be between 1 and %d", o.batchSize, relay.MaxBatchSize))
+	}
+	if o.batchBytes < relay.MinBatchBytes {
+		errs = append(errs, fmt.Errorf("--batch-bytes %d: must be at least %d", o.batchBytes, relay.MinBatchBytes))
 	}
 	if o.publishTimeout <= 0 || o.statementTimeout <= 0 || o.maxPayloadBytes < 1 {
 		errs = append(errs, errors.New("--publish-timeout, --statement-timeout and --max-payload-bytes must be positive"))
@@ -146,7 +152,7 @@ func runReplay(cmd *cobra.Command, c *common, o *replayOptions) error {
 			return err
 		}
 		res, err := relay.Replay(ctx, t, db, rdb, relay.ReplayOptions{
-			Stream: o.stream, Since: since, Until: until, Created: created, BatchSize: o.batchSize,
+			Stream: o.stream, Since: since, Until: until, Created: created, BatchSize: o.batchSize, BatchBytes: o.batchBytes,
 			PublishTimeout: o.publishTimeout, MaxPayloadBytes: o.maxPayloadBytes,
 			WaitReplicas: o.waitReplicas, WaitTimeout: o.waitTimeout,
 		})

@@ -348,11 +348,13 @@ func (r *OutboxRelayReconciler) finalize(ctx context.Context, relay *v1alpha1.Ou
 // ReplicaSets are gone nothing starts a relay; the garbage collector
 // removes them (background propagation), and the pods last.
 func (r *OutboxRelayReconciler) stopRelays(ctx context.Context, relay *v1alpha1.OutboxRelay) (int, error) {
-	dep, err := getOrNil(ctx, r.Client, types.NamespacedName{Namespace: relay.Namespace, Name: DeploymentName(relay)}, &appsv1.Deployment{})
+	// Uncached: the cache holds the Deployments that carry the operator's
+	// labels, and one whose labels were edited must still be deleted.
+	dep, err := getOrNil(ctx, r.APIReader, types.NamespacedName{Namespace: relay.Namespace, Name: DeploymentName(relay)}, &appsv1.Deployment{})
 	if err != nil {
 		return 0, fmt.Errorf("getting Deployment: %w", err)
 	}
-	if dep != nil {
+	if dep != nil && metav1.IsControlledBy(dep, relay) {
 		if dep.DeletionTimestamp.IsZero() {
 			err := r.Delete(ctx, dep, client.PropagationPolicy(metav1.DeletePropagationBackground), client.Preconditions{UID: &dep.UID})
 			if err != nil && !apierrors.IsNotFound(err) {
@@ -360,7 +362,7 @@ func (r *OutboxRelayReconciler) stopRelays(ctx context.Context, relay *v1alpha1.
 			}
 			logf.FromContext(ctx).Info("Deleted the relay Deployment before dropping the replication slot", "name", dep.Name)
 		}
-		return 1, nil // looked at again next time: gone from the cache by then
+		return 1, nil // looked at again next time
 	}
 	selector := client.MatchingLabels(selectorLabels(relay, ComponentRelay))
 	left := 0

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -124,7 +125,10 @@ func (r *Reader) take(limit outbox.Limit) Batch {
 		b.Confirm, b.LastCommit = c.end, c.at
 		done++
 	}
-	r.events = r.events[n:]
+	// A copy of the rest, not a slice of it: the array before it holds the
+	// returned events, which must not stay reachable for as long as a rest
+	// is left (large payloads behind a batch cut by the byte budget).
+	r.events = slices.Clone(r.events[n:])
 	r.commits = r.commits[done:]
 	for i := range r.commits {
 		r.commits[i].events -= n

@@ -107,9 +107,9 @@ func TestPagesStayWithinTheByteBudget(t *testing.T) {
 	_, err := tbl.CatchUp(ctx, db, nil, limit, pages)
 	require.NoError(t, err)
 	require.Equal(t, wantOrder, order, "catch-up: every row once, in order")
-	// Its FETCHes shrink to what fits: the first takes 3 rows (1 2 | 3),
-	// the next 2 (4 | 5), then 1 (6), then 2 (7, the end).
-	require.Equal(t, []int{2, 1, 1, 1, 1, 1}, sizes, "catch-up pages")
+	// Its FETCHes start at one row and grow to what fits: 1, then 2
+	// (2 3), 2 (4 | 5), 1 (6), 2 (7, the end).
+	require.Equal(t, []int{1, 2, 1, 1, 1, 1}, sizes, "catch-up pages")
 
 	sizes, order = nil, nil
 	require.NoError(t, tbl.Created(ctx, db, time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC),

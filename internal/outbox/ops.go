@@ -193,7 +193,12 @@ func (t *Table) ClaimKeyed(ctx context.Context, tx Querier, d Dispatch, limit Li
 // key and the partition. A claim that reads past limit.Bytes stops keeping
 // rows, reads the rest off the connection, and returns an OverBudgetError:
 // what it holds in memory is bounded by the budget and one row, whatever
-// the batch size.
+// the batch size. It reads the rest rather than cancel the statement: a
+// cancel closes the connection (pgx's default), and the rows would stay
+// locked until the server noticed, where the caller's next claim would
+// skip them (out of order, for an ordered relay). The caller starts its
+// claims small (the relay's slow start), so a claim that reads far past
+// its budget is rare.
 func (t *Table) claim(ctx context.Context, tx Querier, sql string, keyed bool, limit Limit, args ...any) ([]Event, error) {
 	rows, err := tx.Query(ctx, sql, append([]any{limit.Rows}, args...)...)
 	if err != nil {

@@ -206,7 +206,7 @@ func (t *Table) CatchUpChild(ctx context.Context, tx pgx.Tx, schema, name string
 // limit.Bytes however large the rows. fn runs while a FETCH's rows are
 // read: it must not use tx. A FETCH of rows larger than the budget spans
 // several pages, and its statement lasts until the last is published: so
-// the first FETCH takes catchUpFirstFetch rows at most, and each next one
+// the first FETCH takes catchUpFirstFetch rows, and each next one
 // as many as the rows read so far say fit in the budget (up to twice the
 // last, and limit.Rows), so that a FETCH publishes about one page.
 func (t *Table) readCatchUp(ctx context.Context, tx pgx.Tx, from string, since *time.Time, limit Limit,
@@ -241,9 +241,10 @@ func (t *Table) readCatchUp(ctx context.Context, tx pgx.Tx, from string, since *
 	}
 }
 
-// catchUpFirstFetch bounds the rows of a catch-up's first FETCH, before it
-// knows their size.
-const catchUpFirstFetch = 64
+// catchUpFirstFetch is the rows of a catch-up's first FETCH, before it
+// knows their size: one, so that even rows of the largest payloads make a
+// FETCH of one page; small rows reach limit.Rows in a few doublings.
+const catchUpFirstFetch = 1
 
 // pager gathers the rows a statement streams into pages of at most
 // limit.Rows events, and of events whose sizes add up to at most

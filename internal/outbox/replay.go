@@ -159,11 +159,13 @@ func (t *Table) Created(ctx context.Context, q Querier, since, until time.Time, 
 }
 
 // KeepsRowsBefore reports whether a row dispatched before since (by
-// created_at with byCreated) is still in the table. Cleanup deletes rows
-// oldest first, by that time, so when one is left a replay from since finds
-// every row of its window; when none is, cleanup may have deleted some of
-// them already (or the table holds nothing older). One scan of the table at
-// most, like the replay's own.
+// created_at with byCreated) is still in the table: a hint, not a proof.
+// Cleanup deletes the rows past its retention, so when none older than
+// since is left it has most likely reached into a replay's window from
+// since (or the table holds nothing older); when one is left it most
+// likely has not (a cleanup interrupted, or one that skipped rows another
+// session held locked, can leave older rows behind). One scan of the table
+// at most, like the replay's own.
 func (t *Table) KeepsRowsBefore(ctx context.Context, q Querier, byCreated bool, since time.Time) (bool, error) {
 	tmpl := olderDispatchedSQL
 	if byCreated {

@@ -296,8 +296,7 @@ WHERE (%[5]s >= $1 AND %[5]s < $2) OR %[5]s IS NULL
 ORDER BY %[5]s, %[2]s`
 
 	// olderDispatchedSQL and olderCreatedSQL ask whether a row dispatched
-	// (created) before $1 is still in the table: cleanup deletes the oldest
-	// rows first, so when one is left every row of a replay's window is too.
+	// (created) before $1 is still in the table (Table.KeepsRowsBefore).
 	olderDispatchedSQL = `SELECT EXISTS (SELECT 1 FROM %[1]s WHERE %[6]s < $1)`
 	olderCreatedSQL    = `SELECT EXISTS (SELECT 1 FROM %[1]s WHERE %[5]s < $1)`
 

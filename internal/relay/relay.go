@@ -42,9 +42,12 @@ type Relay struct {
 	// open are the batches that hold a transaction, which an automatic
 	// replay waits for (streamloss.go).
 	open openBatches
-	// claimLimit is the number of rows a claim takes: BatchSize, halved
-	// after a batch or a claim that timed out (claimSize, claimFailed), cut
-	// to the rows that fit after a claim over BatchBytes (overBudget).
+	// claimLimit is the number of rows a claim takes: one when a pipeline
+	// starts, doubled
+	// by each batch that succeeds up to BatchSize and the rows that fit in
+	// BatchBytes (claimSize), halved after a batch or a claim that timed
+	// out (claimSize, claimFailed), cut to the rows that fit after a claim
+	// over BatchBytes (overBudget).
 	claimLimit atomic.Int64
 
 	// testHookBeforeCommit, when set, runs after every XADD of a batch was
@@ -95,7 +98,7 @@ func New(cfg Config, db *pgxpool.Pool, rdb redis.UniversalClient) (*Relay, error
 		wake: make(chan struct{}, 1),
 	}
 	r.stream.found = make(chan struct{}, 1)
-	r.claimLimit.Store(int64(cfg.BatchSize))
+	r.claimLimit.Store(int64(cfg.BatchSize)) // the pipeline starts it at one
 	r.setErr(errNotStarted)
 	return r, nil
 }
@@ -186,6 +189,12 @@ type batch struct {
 // published after a failed batch until it has succeeded. With an ownership
 // (ordering Strict or PerKey), every batch is fenced by it.
 func (r *Relay) pipeline(ctx context.Context, o *ownership) {
+	// Slow start: the first claim takes one row, and each batch that
+	// succeeds doubles the claims up to BatchSize, as far as its rows' size
+	// allows (claimSize): the relay learns how large the rows are before a
+	// claim takes many (a claim over BatchBytes is made again, and a claim
+	// of BatchSize large rows is a server-side sort of all of them first).
+	r.claimLimit.Store(1)
 	p := &pipe{
 		queue:   make(chan *batch, r.cfg.InFlight),
 		tokens:  make(chan struct{}, r.cfg.InFlight),

@@ -524,8 +524,11 @@ func TestStopFinishesTheBatchInFlight(t *testing.T) {
 		return nil
 	}
 	require.NoError(t, r.Run(ctx))
-	require.Zero(t, b.backlog(t), "the batch in flight was committed")
-	require.Len(t, b.readStream(t, b.stream), 5)
+	// The claims start at one row (slow start): the batch in flight holds
+	// one or two; whatever was published was committed, nothing more.
+	published := len(b.readStream(t, b.stream))
+	require.GreaterOrEqual(t, published, 1)
+	require.EqualValues(t, 5-published, b.backlog(t), "the batch in flight was committed")
 }
 
 func TestMaxLenTrimsTheStream(t *testing.T) {
@@ -574,5 +577,9 @@ func TestTwoBatchesInFlightKeepOrder(t *testing.T) {
 	for i, e := range entries {
 		require.Equal(t, ids[i], e[FieldEventID], "entry %d out of created_at order", i)
 	}
-	require.EqualValues(t, 50, testutilCounter(r.cfg.Metrics.Batches))
+	// 50 of 100, and the slow start's small ones before them (1, 2, 4 ...
+	// 64, each claimed up to twice with two in flight).
+	batches := testutilCounter(r.cfg.Metrics.Batches)
+	require.GreaterOrEqual(t, batches, 50.0)
+	require.LessOrEqual(t, batches, 64.0)
 }

@@ -118,15 +118,17 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 	}
 	// A window from the epoch (ReplayWindow of a slot's relay) asks for
 	// every row kept: none older can be missing from it.
+	// A hint, best effort: its failure does not undo the replay.
 	kept := !o.Since.After(time.Unix(0, 0))
 	if !kept {
 		if kept, err = table.KeepsRowsBefore(ctx, db, o.Created, o.Since); err != nil {
-			return res, fmt.Errorf("replaying %s: looking for rows older than the window: %w", o.Stream, err)
+			res.Incomplete = "could not look for rows older than the window (" + err.Error() + ")"
+			kept = true
 		}
 	}
 	if !kept {
 		res.Incomplete = fmt.Sprintf("no row %s before %s is left in %s: cleanup may have deleted rows of the window "+
-			"already (it deletes the oldest, past its retention), whose events could not be republished",
+			"already (it deletes the rows past its retention), whose events could not be republished",
 			strings.TrimSuffix(by, "_at"), o.Since.UTC().Format(time.RFC3339), table)
 	}
 	if res.Republished > 0 {

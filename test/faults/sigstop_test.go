@@ -14,8 +14,8 @@ import (
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
-// TestSigstop stops relay A with SIGSTOP while it claims a batch of large
-// payloads: PostgreSQL is then blocked writing the claim's rows to a client
+// TestSigstop stops relay A with SIGSTOP while it claims a large payload
+// (its first claim, of one row): PostgreSQL is then blocked writing the claim's rows to a client
 // that reads nothing (the kernel still acknowledges, with a zero window), a
 // state that neither idle_in_transaction_session_timeout nor
 // statement_timeout ends. The rows must become claimable again while A stays
@@ -30,7 +30,10 @@ func TestSigstop(t *testing.T) {
 
 func testSigstop(t *testing.T, mode cleanupMode) {
 	rows := sized(100, 500)
-	const payloadMiB = 1
+	// A relay's first claim takes one row (slow start): the oldest row is
+	// the large one, more than the loopback's socket buffers hold, so that
+	// PostgreSQL blocks writing it to the stopped relay.
+	const payloadMiB = 12
 	const idleInTx, publish = 20 * time.Second, 10 * time.Second
 
 	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
@@ -38,8 +41,9 @@ func testSigstop(t *testing.T, mode cleanupMode) {
 	stream := testenv.Name(t)
 	mustRelay(t, env, "schema", "--apply")
 	conn := connect(t, pg.DSN())
-	committed := insertRows(t, conn, `INSERT INTO outbox_events (event_type, payload)
-SELECT 'fault.big', repeat(md5(g::text), $2 * 32768) FROM generate_series(1, $1) g
+	committed := insertRows(t, conn, `INSERT INTO outbox_events (event_type, payload, created_at)
+SELECT 'fault.big', repeat(md5(g::text), CASE WHEN g = 1 THEN $2 * 32768 ELSE 32 END), now() + g * interval '1 ms'
+FROM generate_series(1, $1) g
 RETURNING id::text, created_at`, rows, payloadMiB)
 
 	args := []string{"--stream", stream, "--batch-size", strconv.Itoa(rows), "--in-flight", "1",
@@ -102,7 +106,7 @@ FROM pg_stat_activity WHERE pid = $1`, claimPid).Scan(&st, &waitEvent, &hasXid)
 	})
 	free, err := lockableNow(t.Context(), watch, "outbox_events")
 	require.NoError(t, err)
-	require.Zero(t, free, "relay A's claim does not hold the rows")
+	require.Equal(t, rows-1, free, "relay A's first claim holds its one row")
 
 	// Released while A stays stopped.
 	eventually(t, idleInTx+time.Minute, "the rows claimable again while relay A is stopped", func() error {
