@@ -278,20 +278,44 @@ func (o *ownership) rebalance(ctx context.Context, start int) error {
 		}
 	}
 	if changed {
-		var ready []int64
-		for p := range o.held {
-			if !o.fencing[p] {
-				ready = append(ready, p)
-			}
-		}
-		slices.Sort(ready)
-		o.claimable.Store(&ready)
+		ready := o.storeClaimable()
 		o.r.log.Info("Key partitions owned", "partitions", ready, "of", o.partitions, "relays", members,
 			"epoch", o.epoch.Load())
 	}
 	// A query every round keeps the session within idle_session_timeout.
 	_, err := o.conn.Exec(ctx, "SELECT 1")
 	return err
+}
+
+// refence makes parts unclaimable until their fences are taken in exclusive
+// mode again (rebalance, as for a new owner), with a new epoch: after a
+// batch of this relay whose transaction the server may still keep open
+// (Relay.lingering). Its transaction holds the fence in shared mode, so the
+// fences are taken once it is over, and the claims begin again from the
+// oldest pending row.
+func (o *ownership) refence(parts []int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, p := range parts {
+		if o.held[p] {
+			o.fencing[p] = true
+		}
+	}
+	o.storeClaimable()
+}
+
+// storeClaimable makes the partitions held and fenced claimable, and
+// returns them. o.mu is held.
+func (o *ownership) storeClaimable() []int64 {
+	var ready []int64
+	for p := range o.held {
+		if !o.fencing[p] {
+			ready = append(ready, p)
+		}
+	}
+	slices.Sort(ready)
+	o.claimable.Store(&ready)
+	return ready
 }
 
 // newEpoch is the epoch of a new ownership: PostgreSQL's current

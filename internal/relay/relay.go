@@ -174,6 +174,10 @@ type batch struct {
 	limit int
 	// bytes is the size of the events (outbox.Event.Size).
 	bytes int
+	// owner and parts are the ownership and the key partitions the batch
+	// was fenced for (ordered relays only).
+	owner *ownership
+	parts []int64
 }
 
 // pipeline relays until ctx ends: one claimer feeds claimed batches, in
@@ -351,6 +355,9 @@ func (r *Relay) publisher(p *pipe, o *ownership) {
 			continue
 		}
 		_, err := r.finish(b, o)
+		if err != nil {
+			r.lingering(b)
+		}
 		p.closed(b.epoch)
 		r.setErr(err)
 		r.claimSize(b, err)
@@ -545,6 +552,7 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 			r.rollback(b)
 			return nil, err
 		}
+		b.owner, b.parts = o, parts
 	}
 	limit := outbox.Limit{Rows: b.limit, Bytes: r.cfg.BatchBytes}
 	switch {
@@ -649,6 +657,25 @@ func (r *Relay) rollback(b *batch) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(b.ctx), 5*time.Second)
 	defer cancel()
 	_ = b.tx.Rollback(rctx)
+	r.lingering(b)
+}
+
+// lingering handles an ordered batch that ended in failure: when its
+// connection closed before its transaction was seen to end (a rollback
+// that could not reach the server, which pgx answers by closing the
+// connection), the server may keep the session, and the batch's rows
+// locked, until it notices: seconds, or up to the idle-in-transaction
+// limit after a cut link. A claim beside it would skip those rows and
+// publish the rows after them first. So the batch's partitions wait, as a
+// new owner's do, until their fences can be taken exclusively: once that
+// transaction is over (ownership.refence).
+func (r *Relay) lingering(b *batch) {
+	if b.owner == nil || !b.tx.Conn().IsClosed() {
+		return
+	}
+	r.log.Warn("A batch's connection closed before its transaction was seen to end; "+
+		"the relay waits for its transaction to end before claiming its partitions again", "partitions", b.parts)
+	b.owner.refence(b.parts)
 }
 
 // finish publishes a claimed batch, parks what cannot be published, and
