@@ -16,7 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
-	"github.com/outbox-dev/outbox-operator/internal/pgtx"
 )
 
 // Relay runs the claim, publish, commit loop for one outbox table and one
@@ -355,9 +354,6 @@ func (r *Relay) publisher(p *pipe, o *ownership) {
 			continue
 		}
 		_, err := r.finish(b, o)
-		if err != nil {
-			r.lingering(b)
-		}
 		p.closed(b.epoch)
 		r.setErr(err)
 		r.claimSize(b, err)
@@ -656,21 +652,22 @@ func (r *Relay) rollback(b *batch) {
 	defer b.cancel()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(b.ctx), 5*time.Second)
 	defer cancel()
-	_ = b.tx.Rollback(rctx)
-	r.lingering(b)
+	if err := b.tx.Rollback(rctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		r.lingering(b)
+	}
 }
 
-// lingering handles an ordered batch that ended in failure: when its
-// connection closed before its transaction was seen to end (a rollback
-// that could not reach the server, which pgx answers by closing the
-// connection), the server may keep the session, and the batch's rows
-// locked, until it notices: seconds, or up to the idle-in-transaction
-// limit after a cut link. A claim beside it would skip those rows and
-// publish the rows after them first. So the batch's partitions wait, as a
-// new owner's do, until their fences can be taken exclusively: once that
-// transaction is over (ownership.refence).
+// lingering handles an ordered batch whose rollback failed: its connection
+// closed (pgx closes it then) before its transaction was seen to end, and
+// the server may keep the session, and the batch's rows locked, until it
+// notices: seconds, or up to the idle-in-transaction limit after a cut
+// link. A claim beside it would skip those rows and publish the rows after
+// them first. So the batch's partitions wait, as a new owner's do, until
+// their fences can be taken exclusively: once that transaction is over
+// (ownership.refence). (A failed commit needs none of this: the batch was
+// published before it, so the rows a claim skips are in the stream already.)
 func (r *Relay) lingering(b *batch) {
-	if b.owner == nil || !b.tx.Conn().IsClosed() {
+	if b.owner == nil {
 		return
 	}
 	r.log.Warn("A batch's connection closed before its transaction was seen to end; "+
@@ -679,72 +676,74 @@ func (r *Relay) lingering(b *batch) {
 }
 
 // finish publishes a claimed batch, parks what cannot be published, and
-// commits; on any error it rolls the batch back.
+// commits; on any error it rolls the batch back (rollback).
 func (r *Relay) finish(b *batch, o *ownership) (*result, error) {
 	defer b.cancel()
 	res := &result{claimed: len(b.events)}
-	err := pgtx.Run(b.ctx, txBeginner{b.tx}, func(tx pgx.Tx) error {
-		if r.testHookBeforePublish != nil {
-			if err := r.testHookBeforePublish(b.events); err != nil {
-				return err
-			}
-		}
-		var dead []parked
-		var err error
-		publishStart := time.Now()
-		res.published, dead, err = r.publish(b.ctx, b.events, o, b.ownerEpoch)
-		if err != nil {
-			return err
-		}
-		published := time.Now()
-		for _, d := range dead {
-			if err := r.cfg.Table.Park(b.ctx, tx, r.cfg.Stream, d.event, d.reason); err != nil {
-				return err
-			}
-		}
-		res.deadLettered = len(dead)
-		if r.testHookBeforeCommit != nil {
-			if err := r.testHookBeforeCommit(b.ctx); err != nil {
-				return err
-			}
-		}
-		if err := tx.Commit(b.ctx); err != nil {
-			return fmt.Errorf("committing batch: %w", err)
-		}
-		for _, d := range dead {
-			r.log.Error("Parked an outbox row that cannot be published", "eventID", d.event.ID,
-				"eventType", d.event.Type, "reason", d.reason, "deadLetterTable", r.cfg.Table.DeadLetterTable())
-		}
-		r.refused.forget(dead)
-		now := time.Now()
-		r.cfg.Metrics.Batches.Inc()
-		r.cfg.Metrics.EventsPublished.Add(float64(res.published))
-		r.cfg.Metrics.EventsDeadLettered.Add(float64(res.deadLettered))
-		r.cfg.Metrics.BatchDuration.Observe(now.Sub(b.start).Seconds())
-		for _, p := range []struct {
-			phase    string
-			from, to time.Time
-		}{
-			{PhaseClaim, b.start, b.claimed}, {PhaseQueued, b.claimed, publishStart},
-			{PhasePublish, publishStart, published}, {PhaseCommit, published, now},
-		} {
-			r.cfg.Metrics.BatchPhase.WithLabelValues(p.phase).Observe(p.to.Sub(p.from).Seconds())
-		}
-		for _, e := range b.events {
-			if !e.CreatedAt.IsZero() {
-				r.cfg.Metrics.Lag.Observe(now.Sub(e.CreatedAt).Seconds())
-			}
-		}
-		return nil
-	})
+	err := r.publishAndCommit(b, o, res)
+	if err != nil {
+		r.rollback(b)
+	}
 	return res, err
 }
 
-// txBeginner hands an open transaction to pgtx.Run, which then commits or
-// rolls it back like one it began.
-type txBeginner struct{ tx pgx.Tx }
-
-func (t txBeginner) Begin(context.Context) (pgx.Tx, error) { return t.tx, nil }
+// publishAndCommit is finish but for the rollback: it publishes b, parks
+// what cannot be published in b's transaction, commits, and counts.
+func (r *Relay) publishAndCommit(b *batch, o *ownership, res *result) error {
+	tx := b.tx
+	if r.testHookBeforePublish != nil {
+		if err := r.testHookBeforePublish(b.events); err != nil {
+			return err
+		}
+	}
+	var dead []parked
+	var err error
+	publishStart := time.Now()
+	res.published, dead, err = r.publish(b.ctx, b.events, o, b.ownerEpoch)
+	if err != nil {
+		return err
+	}
+	published := time.Now()
+	for _, d := range dead {
+		if err := r.cfg.Table.Park(b.ctx, tx, r.cfg.Stream, d.event, d.reason); err != nil {
+			return err
+		}
+	}
+	res.deadLettered = len(dead)
+	if r.testHookBeforeCommit != nil {
+		if err := r.testHookBeforeCommit(b.ctx); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		return fmt.Errorf("committing batch: %w", err)
+	}
+	for _, d := range dead {
+		r.log.Error("Parked an outbox row that cannot be published", "eventID", d.event.ID,
+			"eventType", d.event.Type, "reason", d.reason, "deadLetterTable", r.cfg.Table.DeadLetterTable())
+	}
+	r.refused.forget(dead)
+	now := time.Now()
+	r.cfg.Metrics.Batches.Inc()
+	r.cfg.Metrics.EventsPublished.Add(float64(res.published))
+	r.cfg.Metrics.EventsDeadLettered.Add(float64(res.deadLettered))
+	r.cfg.Metrics.BatchDuration.Observe(now.Sub(b.start).Seconds())
+	for _, p := range []struct {
+		phase    string
+		from, to time.Time
+	}{
+		{PhaseClaim, b.start, b.claimed}, {PhaseQueued, b.claimed, publishStart},
+		{PhasePublish, publishStart, published}, {PhaseCommit, published, now},
+	} {
+		r.cfg.Metrics.BatchPhase.WithLabelValues(p.phase).Observe(p.to.Sub(p.from).Seconds())
+	}
+	for _, e := range b.events {
+		if !e.CreatedAt.IsZero() {
+			r.cfg.Metrics.Lag.Observe(now.Sub(e.CreatedAt).Seconds())
+		}
+	}
+	return nil
+}
 
 // sleep waits for d, ctx or a signal on wake (nil: never).
 func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
