@@ -3,12 +3,15 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
@@ -34,30 +37,35 @@ func TestOrderedBatchWhoseSessionLingersIsNotPassed(t *testing.T) {
 		LeaderTimeout: 2 * time.Second, StandbyPoll: 50 * time.Millisecond, Logger: newTestLogger(&logs)})
 	ctx := context.Background()
 	var once sync.Once
-	var stopped int
+	var stopped atomic.Int64 // the stopped backend's pid
 	t.Cleanup(func() {
-		if stopped != 0 {
-			_ = syscall.Kill(stopped, syscall.SIGCONT)
+		if pid := stopped.Load(); pid != 0 {
+			_ = syscall.Kill(int(pid), syscall.SIGCONT)
 		}
 	})
+	// The hook runs on the publisher's goroutine: it returns its errors
+	// (a failed batch) rather than fail the test there.
 	r.testHookBeforePublish = func([]outbox.Event) error {
 		var err error
 		once.Do(func() {
+			err = errors.New("test: the batch fails while its backend is stopped")
 			// The batch's session is the one idle in its transaction.
-			var pids []int
 			rows, qerr := b.db.Query(ctx, `SELECT pid FROM pg_stat_activity
 				WHERE datname = current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()`)
-			require.NoError(t, qerr)
-			for rows.Next() {
-				var pid int
-				require.NoError(t, rows.Scan(&pid))
-				pids = append(pids, pid)
+			if qerr != nil {
+				err = qerr
+				return
 			}
-			require.NoError(t, rows.Err())
-			require.Len(t, pids, 1, "one batch in flight")
-			stopped = pids[0]
-			require.NoError(t, syscall.Kill(stopped, syscall.SIGSTOP))
-			err = errors.New("test: the batch fails while its backend is stopped")
+			pids, qerr := pgx.CollectRows(rows, pgx.RowTo[int64])
+			if qerr != nil || len(pids) != 1 {
+				err = fmt.Errorf("test: the batch's session among %v: %v", pids, qerr)
+				return
+			}
+			if kerr := syscall.Kill(int(pids[0]), syscall.SIGSTOP); kerr != nil {
+				err = kerr
+				return
+			}
+			stopped.Store(pids[0])
 		})
 		return err
 	}
@@ -68,8 +76,9 @@ func TestOrderedBatchWhoseSessionLingersIsNotPassed(t *testing.T) {
 	waitFor(t, "the relay passes the stopped batch or waits for it", func() bool {
 		return b.streamLen(t) > 0 || strings.Contains(logs.String(), "waits for its transaction")
 	})
-	require.NoError(t, syscall.Kill(stopped, syscall.SIGCONT))
-	stopped = 0
+	pid := stopped.Swap(0)
+	require.NotZero(t, pid, "the batch's backend was stopped")
+	require.NoError(t, syscall.Kill(int(pid), syscall.SIGCONT))
 	waitFor(t, "every event published", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= int64(len(ids)) })
 
 	var first []string
