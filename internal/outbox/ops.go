@@ -58,6 +58,16 @@ type Limit struct {
 // Rows is a Limit of n rows and no byte budget.
 func Rows(n int) Limit { return Limit{Rows: n} }
 
+// RowsFitting is how many rows of the average size of a sample (n rows of
+// size bytes in all) fit in l: at most l.Rows, at least one. A reader that
+// grows its reads learns the rows' size from the last one with it.
+func (l Limit) RowsFitting(n int, size int64) int {
+	if l.Bytes <= 0 || n <= 0 || size <= 0 {
+		return l.Rows
+	}
+	return int(max(1, min(int64(l.Rows), int64(l.Bytes)*int64(n)/size)))
+}
+
 // OverBudgetError: a claim read more than its Limit.Bytes. The statement
 // had claimed (locked, and marked or deleted) Limit.Rows rows before the
 // first one was read, so the claim returns none of them: the caller rolls

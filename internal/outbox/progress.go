@@ -234,10 +234,7 @@ func (t *Table) readCatchUp(ctx context.Context, tx pgx.Tx, from string, since *
 			_, err := tx.Exec(ctx, `CLOSE outbox_catch_up`)
 			return err
 		}
-		fetch = min(2*fetch, limit.Rows)
-		if read := p.read - before; limit.Bytes > 0 && read > 0 {
-			fetch = min(fetch, max(1, int(int64(limit.Bytes)*int64(n)/read)))
-		}
+		fetch = min(2*fetch, limit.RowsFitting(n, p.read-before))
 	}
 }
 

@@ -400,10 +400,10 @@ func (r *Relay) batchLimit() outbox.Limit {
 // BatchBytes (at least one): claims that grow back after a claim over the
 // budget stop short of it, as long as the rows keep their size.
 func (r *Relay) rowsInBudget(b *batch) int64 {
-	if b == nil || b.bytes == 0 || len(b.events) == 0 {
+	if b == nil {
 		return int64(r.cfg.BatchSize)
 	}
-	return max(int64(r.cfg.BatchBytes)*int64(len(b.events))/int64(b.bytes), 1)
+	return int64(r.batchLimit().RowsFitting(len(b.events), int64(b.bytes)))
 }
 
 // overBudget cuts the claims to the rows that came within BatchBytes after
@@ -718,16 +718,7 @@ func (r *Relay) publishAndCommit(b *batch, o *ownership, res *result) error {
 	if err := tx.Commit(b.ctx); err != nil {
 		return fmt.Errorf("committing batch: %w", err)
 	}
-	for _, d := range dead {
-		r.log.Error("Parked an outbox row that cannot be published", "eventID", d.event.ID,
-			"eventType", d.event.Type, "reason", d.reason, "deadLetterTable", r.cfg.Table.DeadLetterTable())
-	}
-	r.refused.forget(dead)
-	now := time.Now()
-	r.cfg.Metrics.Batches.Inc()
-	r.cfg.Metrics.EventsPublished.Add(float64(res.published))
-	r.cfg.Metrics.EventsDeadLettered.Add(float64(res.deadLettered))
-	r.cfg.Metrics.BatchDuration.Observe(now.Sub(b.start).Seconds())
+	now := r.committed(b.events, res.published, dead, b.start)
 	for _, p := range []struct {
 		phase    string
 		from, to time.Time
@@ -737,12 +728,30 @@ func (r *Relay) publishAndCommit(b *batch, o *ownership, res *result) error {
 	} {
 		r.cfg.Metrics.BatchPhase.WithLabelValues(p.phase).Observe(p.to.Sub(p.from).Seconds())
 	}
-	for _, e := range b.events {
+	return nil
+}
+
+// committed is what follows the commit of a batch of events begun at start,
+// of which published reached the stream and dead were parked, whatever the
+// source: the parked rows logged, the counters, the lag. It returns the
+// time it counted the batch done.
+func (r *Relay) committed(events []outbox.Event, published int, dead []parked, start time.Time) time.Time {
+	for _, d := range dead {
+		r.log.Error("Parked an outbox row that cannot be published", "eventID", d.event.ID,
+			"eventType", d.event.Type, "reason", d.reason, "deadLetterTable", r.cfg.Table.DeadLetterTable())
+	}
+	r.refused.forget(dead)
+	now := time.Now()
+	r.cfg.Metrics.Batches.Inc()
+	r.cfg.Metrics.EventsPublished.Add(float64(published))
+	r.cfg.Metrics.EventsDeadLettered.Add(float64(len(dead)))
+	r.cfg.Metrics.BatchDuration.Observe(now.Sub(start).Seconds())
+	for _, e := range events {
 		if !e.CreatedAt.IsZero() {
 			r.cfg.Metrics.Lag.Observe(now.Sub(e.CreatedAt).Seconds())
 		}
 	}
-	return nil
+	return now
 }
 
 // sleep waits for d, ctx or a signal on wake (nil: never).

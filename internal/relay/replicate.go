@@ -380,21 +380,7 @@ func (r *Relay) publishStreamed(ctx context.Context, events []outbox.Event, star
 		if err := tx.Commit(ctx); err != nil {
 			return fmt.Errorf("parking rows: %w", err)
 		}
-		for _, d := range dead {
-			r.log.Error("Parked an outbox row that cannot be published", "eventID", d.event.ID,
-				"eventType", d.event.Type, "reason", d.reason, "deadLetterTable", r.cfg.Table.DeadLetterTable())
-		}
-		r.refused.forget(dead)
 	}
-	now := time.Now()
-	r.cfg.Metrics.Batches.Inc()
-	r.cfg.Metrics.EventsPublished.Add(float64(published))
-	r.cfg.Metrics.EventsDeadLettered.Add(float64(len(dead)))
-	r.cfg.Metrics.BatchDuration.Observe(now.Sub(start).Seconds())
-	for _, e := range events {
-		if !e.CreatedAt.IsZero() {
-			r.cfg.Metrics.Lag.Observe(now.Sub(e.CreatedAt).Seconds())
-		}
-	}
+	r.committed(events, published, dead, start)
 	return nil
 }
