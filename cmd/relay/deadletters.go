@@ -137,7 +137,7 @@ func printDeadLetters(w io.Writer, rows []outbox.DeadLetter) error {
 
 func newDeadLettersRetryCommand(c *common) *cobra.Command {
 	var f deadLetterFlags
-	var maxPayload, waitReplicas int
+	var maxPayload, waitReplicas, batchBytes int
 	var publishTimeout, waitTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "retry",
@@ -158,6 +158,9 @@ command then exits with status 1.`,
 			if maxPayload < 1 || publishTimeout <= 0 {
 				return errors.New("--max-payload-bytes and --publish-timeout must be positive")
 			}
+			if batchBytes < relay.MinBatchBytes {
+				return fmt.Errorf("--batch-bytes %d: must be at least %d", batchBytes, relay.MinBatchBytes)
+			}
 			if waitReplicas < 0 || (waitReplicas > 0 && (waitTimeout <= 0 || waitTimeout >= publishTimeout)) {
 				return errors.New("--wait-replicas must not be negative, and --wait-timeout must be positive and below --publish-timeout")
 			}
@@ -172,7 +175,7 @@ command then exits with status 1.`,
 			defer func() { _ = rdb.Close() }()
 			return withPool(cmd.Context(), c, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
 				res, err := relay.Retry(ctx, t, db, rdb, relay.RetryOptions{
-					Filter: filter, MaxPayloadBytes: maxPayload, PublishTimeout: publishTimeout,
+					Filter: filter, MaxPayloadBytes: maxPayload, BatchBytes: batchBytes, PublishTimeout: publishTimeout,
 					WaitReplicas: waitReplicas, WaitTimeout: waitTimeout,
 				})
 				if perr := printRetry(cmd.OutOrStdout(), f.output, res); err == nil {
@@ -186,7 +189,10 @@ command then exits with status 1.`,
 		},
 	}
 	f.add(cmd, true)
-	cmd.Flags().IntVar(&maxPayload, "max-payload-bytes", relay.DefaultMaxPayloadBytes, "larger payloads stay parked")
+	cmd.Flags().IntVar(&maxPayload, "max-payload-bytes", relay.DefaultMaxPayloadBytes, "larger payloads stay parked (and are not read)")
+	cmd.Flags().IntVar(&batchBytes, "batch-bytes", relay.DefaultBatchBytes, fmt.Sprintf(
+		"payload bytes read and published per page, as relay run's --batch-bytes (at least %d; a larger payload goes alone)",
+		relay.MinBatchBytes))
 	cmd.Flags().DurationVar(&publishTimeout, "publish-timeout", relay.DefaultPublishTimeout, "deadline of each page's XADD pipeline")
 	cmd.Flags().IntVar(&waitReplicas, "wait-replicas", 0,
 		"WAIT for this many replicas to acknowledge each page before its rows are removed (as relay run's --wait-replicas); 0: no wait")

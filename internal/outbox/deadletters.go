@@ -37,7 +37,8 @@ type DeadLetter struct {
 	Attempts int `json:"attempts"`
 	// PayloadBytes is the payload's size; nil for a NULL payload.
 	PayloadBytes *int64 `json:"payloadBytes"`
-	// Payload is read only by LockDeadLetters; nil for a NULL payload.
+	// Payload is read only by ReadDeadLetterPayloads; nil for a NULL
+	// payload or one not read.
 	Payload *string `json:"-"`
 }
 
@@ -130,16 +131,50 @@ func (t *Table) Park(ctx context.Context, tx Querier, stream string, e Event, re
 // ListDeadLetters returns the parked rows the filter selects, oldest first,
 // without their payloads.
 func (t *Table) ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) ([]DeadLetter, error) {
-	return t.queryDeadLetters(ctx, q, t.format(listDeadLettersSQL), false, f)
+	return t.queryDeadLetters(ctx, q, t.format(listDeadLettersSQL), f)
 }
 
-// LockDeadLetters returns the parked rows the filter selects with their
-// payloads, locked in tx (rows another transaction holds are skipped).
+// LockDeadLetters returns the parked rows the filter selects, oldest
+// first, without their payloads (ReadDeadLetterPayloads), locked in tx:
+// rows another transaction holds are skipped.
 func (t *Table) LockDeadLetters(ctx context.Context, tx Querier, f DeadLetterFilter) ([]DeadLetter, error) {
-	return t.queryDeadLetters(ctx, tx, t.format(lockDeadLettersSQL), true, f)
+	return t.queryDeadLetters(ctx, tx, t.format(lockDeadLettersSQL), f)
 }
 
-func (t *Table) queryDeadLetters(ctx context.Context, q Querier, sql string, withPayload bool, f DeadLetterFilter) ([]DeadLetter, error) {
+// ReadDeadLetterPayloads reads into their Payload the payloads of the
+// parked rows of page (locked in tx by LockDeadLetters) that are not over
+// maxBytes; a larger one is left unread.
+func (t *Table) ReadDeadLetterPayloads(ctx context.Context, tx Querier, page []DeadLetter, maxBytes int64) error {
+	ids := make([]int64, 0, len(page))
+	at := make(map[int64]int, len(page))
+	for i, d := range page {
+		if d.PayloadBytes != nil && *d.PayloadBytes <= maxBytes {
+			ids, at[d.ID] = append(ids, d.ID), i
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, t.format(deadLetterPayloadsSQL), ids)
+	if err != nil {
+		return t.classifyDeadLetters(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var payload *string
+		if err := rows.Scan(&id, &payload); err != nil {
+			return fmt.Errorf("scanning dead letter payload: %w", err)
+		}
+		page[at[id]].Payload = payload
+	}
+	if err := rows.Err(); err != nil {
+		return t.classifyDeadLetters(err)
+	}
+	return nil
+}
+
+func (t *Table) queryDeadLetters(ctx context.Context, q Querier, sql string, f DeadLetterFilter) ([]DeadLetter, error) {
 	rows, err := q.Query(ctx, sql, f.args()...)
 	if err != nil {
 		return nil, t.classifyDeadLetters(err)
@@ -148,11 +183,8 @@ func (t *Table) queryDeadLetters(ctx context.Context, q Querier, sql string, wit
 	var out []DeadLetter
 	for rows.Next() {
 		var d DeadLetter
-		dest := []any{&d.ID, &d.EventID, &d.EventType, &d.CreatedAt, &d.Stream, &d.Reason, &d.ParkedAt, &d.Attempts, &d.PayloadBytes}
-		if withPayload {
-			dest = append(dest, &d.Payload)
-		}
-		if err := rows.Scan(dest...); err != nil {
+		err := rows.Scan(&d.ID, &d.EventID, &d.EventType, &d.CreatedAt, &d.Stream, &d.Reason, &d.ParkedAt, &d.Attempts, &d.PayloadBytes)
+		if err != nil {
 			return nil, fmt.Errorf("scanning dead letter: %w", err)
 		}
 		out = append(out, d)

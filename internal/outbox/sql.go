@@ -214,9 +214,11 @@ WHERE (cardinality($1::bigint[]) = 0 OR id = ANY($1))
 ORDER BY id
 LIMIT $4`
 
-	// lockDeadLettersSQL is listDeadLettersSQL with the payload, locking the
-	// rows for a retry or a discard.
-	lockDeadLettersSQL = `SELECT ` + deadLetterColumns + `, payload FROM %[11]s
+	// lockDeadLettersSQL is listDeadLettersSQL locking the rows for a retry
+	// or a discard. It reads no payload: parked payloads are often the
+	// large ones, and a retry reads only those that fit its byte budget
+	// (deadLetterPayloadsSQL).
+	lockDeadLettersSQL = `SELECT ` + deadLetterColumns + ` FROM %[11]s
 WHERE (cardinality($1::bigint[]) = 0 OR id = ANY($1))
 	AND ($2::timestamptz IS NULL OR parked_at >= $2)
 	AND ($3::timestamptz IS NULL OR parked_at < $3)
@@ -224,6 +226,9 @@ WHERE (cardinality($1::bigint[]) = 0 OR id = ANY($1))
 ORDER BY id
 LIMIT $4
 FOR UPDATE SKIP LOCKED`
+
+	// deadLetterPayloadsSQL reads the payloads of the parked rows in $1.
+	deadLetterPayloadsSQL = `SELECT id, payload FROM %[11]s WHERE id = ANY($1::bigint[])`
 
 	// deleteDeadLetterSQL removes a parked row that was published or discarded.
 	deleteDeadLetterSQL = `DELETE FROM %[11]s WHERE id = $1`

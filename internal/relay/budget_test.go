@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
 // TestLargeRowsAreClaimedWithinTheByteBudget: 100 small rows, then 60 rows
@@ -46,6 +48,38 @@ func TestLargeRowsAreClaimedWithinTheByteBudget(t *testing.T) {
 			require.GreaterOrEqual(t, batches, 20.0, "60 large rows at most 3 to a batch")
 			require.Less(t, testutilCounter(r.cfg.Metrics.ClaimsOverBudget), batches/2,
 				"the claims stay within the budget once they know the rows' size")
+		})
+	}
+}
+
+// TestRetryPageFitting: a retry's page ends before the row whose payload
+// would pass the budget, takes at least one row, and counts no bytes for a
+// payload it does not read (NULL, or over the payload limit).
+func TestRetryPageFitting(t *testing.T) {
+	t.Parallel()
+	parked := func(sizes ...int64) []outbox.DeadLetter {
+		out := make([]outbox.DeadLetter, len(sizes))
+		for i, s := range sizes {
+			if s >= 0 {
+				out[i].PayloadBytes = &s
+			}
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name  string
+		sizes []int64 // -1: NULL
+		want  int
+	}{
+		{"all fit", []int64{10, 20, 30}, 3},
+		{"exactly the budget", []int64{50, 50, 1}, 2},
+		{"the first alone, over the budget", []int64{150, 1}, 1},
+		{"cut before the row that passes it", []int64{40, 40, 40}, 2},
+		{"NULL and over the limit read nothing", []int64{-1, 5000, 90, -1, 5000, 10, 1}, 6},
+		{"none", nil, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.want, retryPageFitting(parked(c.sizes...), 1000, 100))
 		})
 	}
 }

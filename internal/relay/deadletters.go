@@ -24,6 +24,11 @@ type RetryOptions struct {
 	// PublishTimeout bounds each page's pipeline; 0 means
 	// DefaultPublishTimeout.
 	PublishTimeout time.Duration
+	// BatchBytes bounds the payload bytes read and published per page, as
+	// the relay's --batch-bytes bounds a batch: a page ends before the row
+	// that would pass it (a larger payload goes alone). Payloads over
+	// MaxPayloadBytes are not read at all. 0 means DefaultBatchBytes.
+	BatchBytes int
 	// MaxLen trims the stream approximately, as the relay does; 0 keeps all.
 	MaxLen int64
 	// WaitReplicas and WaitTimeout make each page WAIT for replicas before
@@ -50,12 +55,13 @@ type Refusal struct {
 	Reason string `json:"reason"`
 }
 
-// retryPage is the number of parked rows handled per transaction.
+// retryPage is the number of parked rows handled per transaction, at most.
 const retryPage = 100
 
 // Retry publishes parked rows again, each to the stream it was meant for,
 // in the order they were parked, a page per transaction: the rows are
-// locked, added to their streams in one pipeline (one per stream on a Redis
+// locked, those whose payloads fit in the byte budget read, added to their
+// streams in one pipeline (one per stream on a Redis
 // Cluster when waiting for replicas), and removed from the dead-letter table
 // by the commit that follows the acknowledgements (of WaitReplicas replicas
 // too, when set), so a crash or a failover in between republishes (at least
@@ -66,6 +72,7 @@ const retryPage = 100
 func Retry(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis.UniversalClient, o RetryOptions) (RetryResult, error) {
 	o.MaxPayloadBytes = cmp.Or(o.MaxPayloadBytes, DefaultMaxPayloadBytes)
 	o.PublishTimeout = cmp.Or(o.PublishTimeout, DefaultPublishTimeout)
+	o.BatchBytes = cmp.Or(o.BatchBytes, DefaultBatchBytes)
 	r := &Relay{cfg: Config{Table: table, MaxPayloadBytes: o.MaxPayloadBytes, PublishTimeout: o.PublishTimeout, MaxLen: o.MaxLen,
 		WaitReplicas: o.WaitReplicas, WaitTimeout: cmp.Or(o.WaitTimeout, DefaultWaitTimeout)}}
 	res := RetryResult{Republished: []int64{}, Refused: []Refusal{}}
@@ -73,9 +80,15 @@ func Retry(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis
 	f.Limit = retryPage
 	for {
 		var page []outbox.DeadLetter
+		more := false
 		err := pgtx.Run(ctx, db, func(tx pgx.Tx) error {
-			var err error
-			if page, err = table.LockDeadLetters(ctx, tx, f); err != nil || len(page) == 0 {
+			locked, err := table.LockDeadLetters(ctx, tx, f)
+			if err != nil || len(locked) == 0 {
+				return err
+			}
+			page = locked[:retryPageFitting(locked, int64(o.MaxPayloadBytes), int64(o.BatchBytes))]
+			more = len(locked) == retryPage || len(page) < len(locked)
+			if err := table.ReadDeadLetterPayloads(ctx, tx, page, int64(o.MaxPayloadBytes)); err != nil {
 				return err
 			}
 			bulk := r.bulkLimit.get(ctx, rdb)
@@ -109,11 +122,27 @@ func Retry(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis
 		if err != nil {
 			return res, err
 		}
-		if len(page) < retryPage {
+		if !more {
 			return res, nil
 		}
 		f.AfterID = page[len(page)-1].ID
 	}
+}
+
+// retryPageFitting is how many of the locked rows a retry's page takes: as
+// many as there are while the payloads to read (those not over maxPayload)
+// add up to at most budget bytes, and at least one.
+func retryPageFitting(locked []outbox.DeadLetter, maxPayload, budget int64) int {
+	var sum int64
+	for i, d := range locked {
+		if d.PayloadBytes == nil || *d.PayloadBytes > maxPayload {
+			continue // nothing to read
+		}
+		if sum += *d.PayloadBytes; sum > budget && i > 0 {
+			return i
+		}
+	}
+	return len(locked)
 }
 
 // republish adds the publishable rows of a page to their streams and
@@ -132,6 +161,10 @@ func (r *Relay) republish(ctx context.Context, rdb redis.UniversalClient, page [
 	pipeOf := map[string]redis.Pipeliner{} // by stream, or "" for all
 	add := map[string]*entries{}           // by stream: a page may hold several
 	for i, d := range page {
+		if d.PayloadBytes != nil && *d.PayloadBytes > int64(r.cfg.MaxPayloadBytes) {
+			reasons[i] = r.overPayloadLimit(*d.PayloadBytes) // its payload was not read
+			continue
+		}
 		e, reason := d.Event()
 		if reason == "" {
 			reason = r.unpublishable(e, bulk)

@@ -146,13 +146,17 @@ func (r *Relay) unpublishable(e outbox.Event, bulkLimit int64) string {
 	case e.Malformed != "":
 		return "malformed row: " + e.Malformed
 	case len(e.Payload) > r.cfg.MaxPayloadBytes:
-		return fmt.Sprintf("payload of %d bytes exceeds the limit of %d bytes (--max-payload-bytes)",
-			len(e.Payload), r.cfg.MaxPayloadBytes)
+		return r.overPayloadLimit(int64(len(e.Payload)))
 	case bulkLimit > 0 && int64(len(e.Payload)) > bulkLimit:
 		return fmt.Sprintf("rejected by Redis: payload of %d bytes exceeds its proto-max-bulk-len of %d bytes",
 			len(e.Payload), bulkLimit)
 	}
 	return r.refused.get(e.ID)
+}
+
+// overPayloadLimit says why a payload of n bytes is not published.
+func (r *Relay) overPayloadLimit(n int64) string {
+	return fmt.Sprintf("payload of %d bytes exceeds the limit of %d bytes (--max-payload-bytes)", n, r.cfg.MaxPayloadBytes)
 }
 
 // bulkLimit caches Redis's proto-max-bulk-len. Redis refuses a longer

@@ -11,7 +11,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // connect opens a connection closed in the test's cleanup.
@@ -21,6 +24,27 @@ func connect(t testing.TB, dsn string) *pgx.Conn {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	return conn
+}
+
+// outboxCase is what most cases start from: a PostgreSQL and a Redis of
+// their own, the relay's schema applied (relay schema --apply), the relay's
+// environment, a stream named after the test and clients of both servers.
+type outboxCase struct {
+	pg     *testenv.PostgresServer
+	env    relayEnv
+	stream string
+	conn   *pgx.Conn
+	rdb    *redis.Client
+}
+
+// startOutboxCase starts the servers of an outboxCase.
+func startOutboxCase(t testing.TB) outboxCase {
+	t.Helper()
+	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
+	c := outboxCase{pg: pg, env: relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}, stream: testenv.Name(t)}
+	mustRelay(t, c.env, "schema", "--apply")
+	c.conn, c.rdb = connect(t, pg.DSN()), redisClient(t, rs.URL())
+	return c
 }
 
 // mustExec runs a statement that must succeed.

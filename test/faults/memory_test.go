@@ -3,6 +3,7 @@
 package faults
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"regexp"
@@ -12,8 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-
-	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // TestLargePayloadsStayWithinTheBudget: 240 MiB of outbox rows (120
@@ -42,12 +41,8 @@ func testLargePayloads(t *testing.T, source string) {
 		limitMiB  = 128
 		batchSize = 500
 	)
-	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	rdb := redisClient(t, rs.URL())
-	mustRelay(t, env, "schema", "--apply")
-	conn := connect(t, pg.DSN())
+	c := startOutboxCase(t)
+	env, stream, rdb, conn := c.env, c.stream, c.rdb, c.conn
 	insert := func(from, to int) {
 		mustExec(t, conn, `INSERT INTO outbox_events (event_type, payload, created_at)
 			SELECT 'big', '"' || g || repeat('x', $3::int) || '"', now() - interval '1 hour' + g * interval '1 ms'
@@ -117,4 +112,62 @@ func peakRSSMiB(t testing.TB, pid int) float64 {
 	kb, err := strconv.Atoi(string(m[1]))
 	require.NoError(t, err)
 	return float64(kb) / 1024
+}
+
+// TestParkedLargePayloadsAreRetriedWithinTheBudget: 160 MiB of parked rows
+// (40 payloads of 4 MiB, which a person parked by a --max-payload-bytes too
+// small and now retries with the default) and one payload of 32 MiB, over
+// the limit. `relay dead-letters retry --all --batch-bytes 8MiB` publishes
+// the 40, in the order they were parked, and leaves the large one parked
+// with its reason, its peak resident memory under 128 MiB: it reads no
+// payload over the limit, and pages of at most two of the others (before
+// the budget it read the whole page of up to 100 rows with their payloads:
+// 227 MiB here, gigabytes for a page of large ones).
+func TestParkedLargePayloadsAreRetriedWithinTheBudget(t *testing.T) {
+	t.Parallel()
+	const (
+		rows     = 40
+		payload  = 4 << 20
+		large    = 32 << 20
+		budget   = 8 << 20
+		limitMiB = 128
+	)
+	c := startOutboxCase(t)
+	env, stream, rdb, conn := c.env, c.stream, c.rdb, c.conn
+	park := func(from, to int) {
+		mustExec(t, conn, `INSERT INTO outbox_events_dead_letters (event_id, event_type, payload, created_at, stream, reason)
+			SELECT g::text, 'big', g || repeat('x', $1::int), now(), $2, 'parked by the test'
+			FROM generate_series($3::int, $4::int) g`, payload, stream, from, to)
+	}
+	park(1, rows/2)
+	mustExec(t, conn, `INSERT INTO outbox_events_dead_letters (event_id, event_type, payload, created_at, stream, reason)
+		VALUES ('huge', 'big', repeat('y', $1::int), now(), $2, 'parked by the test')`, large, stream)
+	park(rows/2+1, rows)
+
+	out, stderr, peak, err := relayCommandPeak(t.Context(), env, "dead-letters", "retry", "--all",
+		"--batch-bytes", strconv.Itoa(budget), "--output", "json")
+	require.Error(t, err, "the payload over the limit stays parked: exit status 1")
+	require.Contains(t, stderr, "1 parked rows still cannot be published")
+	var res struct {
+		Republished []int64 `json:"republished"`
+		Refused     []struct {
+			Reason string `json:"reason"`
+		} `json:"refused"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	t.Logf("%d parked payloads of %d MiB and one of %d MiB, --batch-bytes %d MiB: peak RSS %.1f MiB",
+		rows, payload>>20, large>>20, budget>>20, peak)
+
+	require.Len(t, res.Republished, rows)
+	require.Len(t, res.Refused, 1)
+	require.Contains(t, res.Refused[0].Reason, fmt.Sprintf("payload of %d bytes exceeds the limit", large))
+	want := make([]string, rows)
+	for i := range want {
+		want[i] = strconv.Itoa(i + 1)
+	}
+	require.Equal(t, want, streamEventIDs(t, rdb, stream, 10), "each parked row once, in the order parked")
+	left := listDeadLetters(t, env)
+	require.Len(t, left, 1)
+	require.Equal(t, "huge", *left[0].EventID)
+	require.Less(t, peak, float64(limitMiB), "the retry's peak resident memory")
 }

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // deadLetter is one entry of `relay dead-letters list --output json`.
@@ -45,12 +43,8 @@ func testParkedRows(t *testing.T, mode cleanupMode) {
 	events := sized(2000, 10000)
 	const maxPayload = 4 << 20
 
-	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	rdb := redisClient(t, rs.URL())
-	mustRelay(t, env, "schema", "--apply")
-	conn := connect(t, pg.DSN())
+	c := startOutboxCase(t)
+	pg, env, stream, rdb, conn := c.pg, c.env, c.stream, c.rdb, c.conn
 	mustExec(t, conn, `ALTER TABLE outbox_events ALTER COLUMN payload DROP NOT NULL`)
 
 	a := startRelay(t, "A", env, append([]string{"--stream", stream, "--batch-size", "50",

@@ -214,6 +214,13 @@ func httpGet(url string) (int, string) {
 // relayCommand runs a one-shot relay subcommand (backlog, cleanup,
 // dead-letters, schema) and returns its stdout and stderr.
 func relayCommand(ctx context.Context, env relayEnv, args ...string) (stdout, stderr string, err error) {
+	stdout, stderr, _, err = relayCommandPeak(ctx, env, args...)
+	return stdout, stderr, err
+}
+
+// relayCommandPeak is relayCommand that also returns the command's peak
+// resident memory in MiB (its rusage; 0 when it did not start).
+func relayCommandPeak(ctx context.Context, env relayEnv, args ...string) (stdout, stderr string, peakMiB float64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, relayBin, args...)
@@ -225,7 +232,12 @@ func relayCommand(ctx context.Context, env relayEnv, args ...string) (stdout, st
 	if err != nil {
 		err = fmt.Errorf("relay %s: %w\n%s", strings.Join(args, " "), err, errOut.String())
 	}
-	return out.String(), errOut.String(), err
+	if cmd.ProcessState != nil {
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			peakMiB = float64(ru.Maxrss) / 1024 // kB on Linux
+		}
+	}
+	return out.String(), errOut.String(), peakMiB, err
 }
 
 // mustRelay runs a one-shot subcommand that must succeed and returns its stdout.
