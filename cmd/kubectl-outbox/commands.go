@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -80,6 +81,16 @@ func changedFlags(fs *pflag.FlagSet) []string {
 		out = append(out, "--"+f.Name+"="+v)
 	})
 	return out
+}
+
+// budgetFlags are the OutboxRelay's spec.relay.batchBytes, when set, for
+// the commands that read many payloads (retry, replay): their pod has the
+// relay's resources, whose memory limit is sized from that budget.
+func budgetFlags(r relayRun) []string {
+	if b := r.relay.Spec.Relay.BatchBytes; b != nil {
+		return []string{"--batch-bytes=" + strconv.FormatInt(b.Value(), 10)}
+	}
+	return nil
 }
 
 func streamFlags(r relayRun) []string {
@@ -223,9 +234,10 @@ parked with its new reason, and the command exits 1.`,
 			withRedis: true,
 			addFlags: func(fs *pflag.FlagSet) {
 				deadLetterFlags(true)(fs)
-				fs.Int("max-payload-bytes", 0, "larger payloads stay parked (default: the relay's, 16 MiB)")
+				fs.Int("max-payload-bytes", 0, "larger payloads stay parked, unread (default: the relay's, 16 MiB)")
+				fs.Int("batch-bytes", 0, "payload bytes read per page (default: the OutboxRelay's spec.relay.batchBytes, or 16 MiB)")
 			},
-			fixedFlags: waitFlags,
+			fixedFlags: func(r relayRun) []string { return append(waitFlags(r), budgetFlags(r)...) },
 		}),
 		newRelayCommand(p, relayCommand{
 			use:   "discard",
@@ -260,6 +272,7 @@ with --pending every row created before the resets' end that cleanup kept.`,
 			fs.String("until", "", "and before this time (RFC 3339; default now)")
 			fs.Bool("pending", false, "replay the windows of the stream resets recorded and not replayed yet")
 			fs.Int("batch-size", 0, "entries per pipeline (default: the relay's, 500)")
+			fs.Int("batch-bytes", 0, "bytes per pipeline (default: the OutboxRelay's spec.relay.batchBytes, or 16 MiB)")
 			outputFlag(fs)
 		},
 		fixedFlags: replayFlags,
@@ -267,11 +280,12 @@ with --pending every row created before the resets' end that cleanup kept.`,
 }
 
 // replayFlags are the flags of relay replay that come from the OutboxRelay:
-// its stream, the replicas to wait for, and for source LogicalReplication,
-// which marks no row dispatched, --source (the rows are selected by
-// created_at).
+// its stream, the replicas to wait for, its batches' byte budget, and for
+// source LogicalReplication, which marks no row dispatched, --source (the
+// rows are selected by created_at).
 func replayFlags(r relayRun) []string {
 	flags := append([]string{"--stream=" + r.relay.Spec.Redis.GetStream()}, waitFlags(r)...)
+	flags = append(flags, budgetFlags(r)...)
 	if r.relay.Spec.ReadsLogicalReplication() {
 		flags = append(flags, "--source="+string(r.relay.Spec.GetSource()))
 	}

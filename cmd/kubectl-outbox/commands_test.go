@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
 )
@@ -29,4 +31,16 @@ func TestReplayFlags(t *testing.T) {
 	r.relay.Spec.Source = v1alpha1.SourceLogicalReplication
 	r.relay.Spec.Redis.WaitReplicas = 1
 	require.Equal(t, []string{"--stream=orders", "--wait-replicas=1", "--source=LogicalReplication"}, replayFlags(r))
+	r.relay.Spec.Relay.BatchBytes = ptr.To(resource.MustParse("4Mi"))
+	require.Equal(t, []string{"--stream=orders", "--wait-replicas=1", "--batch-bytes=4194304", "--source=LogicalReplication"},
+		replayFlags(r))
+}
+
+// TestBudgetFlags: retry and replay read payloads within the relays' byte
+// budget, which their pod's memory limit is sized from; none when unset.
+func TestBudgetFlags(t *testing.T) {
+	r := relayRun{relay: &v1alpha1.OutboxRelay{}}
+	require.Empty(t, budgetFlags(r))
+	r.relay.Spec.Relay.BatchBytes = ptr.To(resource.MustParse("8Mi"))
+	require.Equal(t, []string{"--batch-bytes=8388608"}, budgetFlags(r))
 }

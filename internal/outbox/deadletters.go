@@ -160,6 +160,7 @@ func (t *Table) ReadDeadLetterPayloads(ctx context.Context, tx Querier, page []D
 		return t.classifyDeadLetters(err)
 	}
 	defer rows.Close()
+	read := 0
 	for rows.Next() {
 		var id int64
 		var payload *string
@@ -167,9 +168,13 @@ func (t *Table) ReadDeadLetterPayloads(ctx context.Context, tx Querier, page []D
 			return fmt.Errorf("scanning dead letter payload: %w", err)
 		}
 		page[at[id]].Payload = payload
+		read++
 	}
 	if err := rows.Err(); err != nil {
 		return t.classifyDeadLetters(err)
+	}
+	if read != len(ids) {
+		return fmt.Errorf("read %d of the %d parked payloads of %s: rows not locked by this transaction", read, len(ids), t.DeadLetterTable())
 	}
 	return nil
 }

@@ -161,12 +161,15 @@ func (r *Relay) republish(ctx context.Context, rdb redis.UniversalClient, page [
 	pipeOf := map[string]redis.Pipeliner{} // by stream, or "" for all
 	add := map[string]*entries{}           // by stream: a page may hold several
 	for i, d := range page {
-		if d.PayloadBytes != nil && *d.PayloadBytes > int64(r.cfg.MaxPayloadBytes) {
-			reasons[i] = r.overPayloadLimit(*d.PayloadBytes) // its payload was not read
-			continue
+		over := d.PayloadBytes != nil && *d.PayloadBytes > int64(r.cfg.MaxPayloadBytes)
+		if over {
+			d.Payload = new(string) // not read: a NULL in another column is still named first
 		}
 		e, reason := d.Event()
-		if reason == "" {
+		switch {
+		case reason == "" && over:
+			reason = r.overPayloadLimit(*d.PayloadBytes)
+		case reason == "":
 			reason = r.unpublishable(e, bulk)
 		}
 		if reasons[i] = reason; reason != "" {

@@ -115,20 +115,21 @@ func peakRSSMiB(t testing.TB, pid int) float64 {
 }
 
 // TestParkedLargePayloadsAreRetriedWithinTheBudget: 160 MiB of parked rows
-// (40 payloads of 4 MiB, which a person parked by a --max-payload-bytes too
-// small and now retries with the default) and one payload of 32 MiB, over
-// the limit. `relay dead-letters retry --all --batch-bytes 8MiB` publishes
-// the 40, in the order they were parked, and leaves the large one parked
-// with its reason, its peak resident memory under 128 MiB: it reads no
-// payload over the limit, and pages of at most two of the others (before
+// (40 payloads of just under 4 MiB, which a person parked by a
+// --max-payload-bytes too small and now retries with the default) and one
+// payload of 64 MiB, over the limit. `relay dead-letters retry --all
+// --batch-bytes 8MiB` publishes the 40, in the order they were parked, and
+// leaves the large one parked with its reason, its peak resident memory
+// under 128 MiB: it reads no payload over the limit (reading that one alone
+// would pass 128 MiB), and pages of two of the others (before
 // the budget it read the whole page of up to 100 rows with their payloads:
 // 227 MiB here, gigabytes for a page of large ones).
 func TestParkedLargePayloadsAreRetriedWithinTheBudget(t *testing.T) {
 	t.Parallel()
 	const (
 		rows     = 40
-		payload  = 4 << 20
-		large    = 32 << 20
+		payload  = 4<<20 - 64 // two, with their ids, fit in the budget
+		large    = 64 << 20
 		budget   = 8 << 20
 		limitMiB = 128
 	)
@@ -155,8 +156,8 @@ func TestParkedLargePayloadsAreRetriedWithinTheBudget(t *testing.T) {
 		} `json:"refused"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
-	t.Logf("%d parked payloads of %d MiB and one of %d MiB, --batch-bytes %d MiB: peak RSS %.1f MiB",
-		rows, payload>>20, large>>20, budget>>20, peak)
+	t.Logf("%d parked payloads of %d bytes and one of %d MiB, --batch-bytes %d MiB: peak RSS %.1f MiB",
+		rows, payload, large>>20, budget>>20, peak)
 
 	require.Len(t, res.Republished, rows)
 	require.Len(t, res.Refused, 1)
