@@ -164,6 +164,14 @@ func (r *Relay) observeLocked(c *streamCheck, added string, n int) {
 			why = fmt.Sprintf("its last id %s is older than %s, the last id the relay saw", x.LastGeneratedID, g.lastID)
 		case x.EntriesAdded > 0 && x.EntriesAdded < g.entriesAdded:
 			why = fmt.Sprintf("its count of entries ever added fell from %d to %d", g.entriesAdded, x.EntriesAdded)
+		case x.EntriesAdded > 0 && x.FirstEntry.ID != "" && compareIDs(x.FirstEntry.ID, g.lastID) > 0 &&
+			x.Length > x.EntriesAdded-g.entriesAdded:
+			// Every entry is later than the last id the relay saw, and there
+			// are more of them than the stream has added since: it was lost
+			// and made again by writers that never saw it (a relay started
+			// while Redis was down), as many entries or more than it had.
+			why = fmt.Sprintf("it holds %d entries, all after %s, the last id the relay saw, but added only %d since: it was made again",
+				x.Length, g.lastID, x.EntriesAdded-g.entriesAdded)
 		case c.ownID == g.ownID && c.ownEntryLost(&x):
 			why = fmt.Sprintf("the entry %s the relay added last is gone, though the stream holds older entries and deleted none since",
 				c.ownID)

@@ -53,6 +53,17 @@ func TestStreamResetDetected(t *testing.T) {
 			require.NoError(t, b.rdb.Del(ctx, b.stream).Err())
 			require.NoError(t, b.rdb.Do(ctx, "XADD", b.stream, "*", "f", "v").Err())
 		}},
+		// Redis lost the stream and a relay that never saw it (started while
+		// Redis was down) made it again with more entries than it ever had:
+		// a later last id, more entries ever added, and the relay's own last
+		// entry older than every entry, as after trimming.
+		{"made again by a relay that never saw it", func(t *testing.T, b *testBundle) {
+			ctx := context.Background()
+			require.NoError(t, b.rdb.Del(ctx, b.stream).Err())
+			for range 40 {
+				require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: []string{"f", "v"}}).Err())
+			}
+		}},
 		// A failover to a replica that lacked the relay's last entries, then
 		// another relay's entries: a later last id, and as many entries ever
 		// added as before, so only the relay's own last entry shows the loss.
@@ -170,6 +181,15 @@ func TestStreamNoFalseReset(t *testing.T) {
 		return err == nil && res.claimed == 0
 	})
 	r.checkStream(ctx)
+	// Another relay adds entries after this one's last and the stream is
+	// trimmed to fewer of them: every entry is later than this relay's last,
+	// but no more of them than were added since.
+	for range 20 {
+		require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: []string{"f", "v"}}).Err())
+	}
+	require.NoError(t, b.rdb.XTrimMaxLen(ctx, b.stream, 10).Err())
+	r.checkStream(ctx)
+	require.Zero(t, testutilCounter(r.cfg.Metrics.stream.Resets), "another writer's entries, trimmed")
 	// A consumer that deletes what it read (XDEL) removes the relay's last
 	// entry, and trimming every entry leaves nothing to compare with: the
 	// stream counts the deletions, so neither is a reset.

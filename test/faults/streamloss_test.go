@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -206,4 +207,74 @@ func TestResetFoundByABatchSurvivesAKill(t *testing.T) {
 			return startRelay(t, "B", env, args...)
 		},
 	})
+}
+
+// TestStreamMadeAgainByANewRelay: relay A publishes a fifth of the events
+// and is frozen (SIGSTOP); Redis, without persistence, is killed and
+// restarted empty; relay B, started then, finds no stream (no reset for a
+// relay that never saw one) and publishes more entries than the lost
+// stream ever had. When A runs again the stream has a later last id, more
+// entries ever added, and A's own last entry older than every entry, as
+// after trimming: only the count of entries (more than were added since A
+// looked) shows the reset. Unseen, the lost events' rows stay dispatched
+// and no replay brings them back.
+func TestStreamMadeAgainByANewRelay(t *testing.T) {
+	t.Parallel()
+	events := sized(4000, 20000)
+	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t) // no persistence
+	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
+	stream := testenv.Name(t)
+	mustRelay(t, env, "schema", "--apply")
+	conn := connect(t, pg.DSN())
+	args := []string{"--stream", stream, "--batch-size", "100", "--stream-check-interval", "200ms"}
+	a := startRelay(t, "A", env, args...)
+	prod := startProducers(t, producerConfig{
+		dsn: pg.DSN(), conns: 2, events: events, rate: sized(1000.0, 3000.0), insert: insertInto("outbox_events"),
+	})
+	eventually(t, time.Minute, "a fifth published by A", func() error {
+		if p := a.published(); p < float64(events/5) {
+			return fmt.Errorf("%v published", p)
+		}
+		return nil
+	})
+	a.signal(t, syscall.SIGSTOP)
+	info, err := redisClient(t, rs.URL()).XInfoStream(t.Context(), stream).Result()
+	require.NoError(t, err)
+	rs.Kill(t)
+	rs.Start(t)
+	b := startRelay(t, "B", env, args...)
+	// B goes well past the lost stream's count of entries ever added, so
+	// that it cannot have fallen when A looks.
+	eventually(t, time.Minute, "B past the lost stream's count", func() error {
+		if p := b.published(); p <= float64(info.EntriesAdded+500) {
+			return fmt.Errorf("B published %v, the lost stream had %d entries", p, info.EntriesAdded)
+		}
+		return nil
+	})
+	a.signal(t, syscall.SIGCONT)
+	detected := eventually(t, 30*time.Second, "A reports the reset", func() error {
+		if a.metric("outbox_relay_stream_resets_total") < 1 {
+			return fmt.Errorf("no reset counted: the lost events would stay lost")
+		}
+		return nil
+	})
+	require.Contains(t, a.out.String(), "it was made again", "the reset is found by the count of entries, the only sign left")
+	prod.wait(t)
+	waitDrained(t, conn, "outbox_events", 5*time.Minute)
+	a.stop(t, time.Minute)
+	b.stop(t, time.Minute)
+	require.Zero(t, b.metric("outbox_relay_stream_resets_total"), "B never saw the lost stream")
+	rdb := redisClient(t, rs.URL())
+	before := checkStream(t, rdb, stream, prod.committed())
+	require.Positive(t, before.Lost, "the fault lost no entry: the case tests nothing")
+
+	var rep replayJSON
+	out := mustRelay(t, env, "replay", "--stream", stream, "--pending", "--output", "json")
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	require.GreaterOrEqual(t, rep.ResetsReplayed, int64(1), "the recorded reset is marked replayed")
+	r := checkStream(t, rdb, stream, prod.committed())
+	figures(t, r, 1, fmt.Sprintf("lost_before_replay=%d replayed=%d detected_after=%s", before.Lost, rep.Republished,
+		ms(detected)))
+	require.Zero(t, r.Lost, "lost events after the replay, e.g. %v", r.LostIDs)
+	require.Zero(t, r.Unexpected)
 }
