@@ -49,12 +49,26 @@ func newCleanupCommand(c *common) *cobra.Command {
 						return fmt.Errorf("deleting nothing: %w", logical.UncoveredError(o, children))
 					}
 					n, cutoff, err := t.DeleteStreamed(ctx, db, slot, retention, margin, batchSize)
+					if held := (*outbox.ResetsPendingError)(nil); errors.As(err, &held) {
+						// Not a failure of the Job: the StreamIntact condition
+						// and the relay's log already ask for the replay.
+						_, _ = fmt.Fprintf(cmd.OutOrStdout(), "deleted 0 rows from %s: %v\n", t, held)
+						return nil
+					}
 					if cutoff.IsZero() {
 						return err
 					}
 					_, _ = fmt.Fprintf(cmd.OutOrStdout(), "deleted %d rows created before %s (older than %s, and streamed by slot %s) from %s in %s\n",
 						n, cutoff.UTC().Format(time.RFC3339), retention, slot, t, time.Since(start).Round(time.Millisecond))
 					return err
+				}
+				hold, err := t.ResetsHold(ctx, db)
+				if err != nil {
+					return err
+				}
+				if hold != nil {
+					_, _ = fmt.Fprintf(cmd.OutOrStdout(), "keeping the rows dispatched since %s: a stream reset waits for a replay "+
+						"(relay replay --pending; see %s)\n", hold.UTC().Format(time.RFC3339), t.StreamResetsTable())
 				}
 				if dropPartitions {
 					dropped, err := t.DropDispatchedPartitions(ctx, db, db, retention)

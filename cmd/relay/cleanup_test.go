@@ -161,3 +161,36 @@ func TestCleanupOfStreamedRowsRefusesWhileAChildIsNotPublished(t *testing.T) {
 	res = requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
 	require.Contains(t, res.stdout, "deleted 3 rows")
 }
+
+// TestCleanupKeepsTheRowsOfAResetNotReplayed: while a stream reset waits
+// for its replay, cleanup says so and keeps the rows the replay would
+// republish (dispatched since the window's start; with --slot, every row),
+// and exits 0: the StreamIntact condition is where the operator asks for
+// the replay, not a failed Job.
+func TestCleanupKeepsTheRowsOfAResetNotReplayed(t *testing.T) {
+	t.Parallel()
+	dsn, db := freshDB(t)
+	env := relayEnv("DATABASE_URL=" + dsn)
+	before := insertRows(t, db, "before", 2, "5 hours")
+	inWindow := insertRows(t, db, "in the window", 3, "2 hours")
+	table := outbox.MustNew("", outbox.Columns{})
+	require.NoError(t, table.EnsureStreamResetsTable(t.Context(), db))
+	now := time.Now()
+	_, err := table.RecordStreamReset(t.Context(), db, outbox.StreamReset{
+		Stream: "orders", WindowStart: now.Add(-3 * time.Hour), WindowEnd: now, Reason: "test",
+	})
+	require.NoError(t, err)
+
+	res := requireSuccess(t, env, "cleanup", "--retention", "1h")
+	require.Regexp(t, `^keeping the rows dispatched since \S+: a stream reset waits for a replay `+
+		`\(relay replay --pending; see outbox_events_stream_resets\)\n`+
+		`deleted 2 dispatched rows older than 1h0m0s from outbox_events`, res.stdout)
+	require.Equal(t, sorted(inWindow), allRowIDs(t, db))
+	require.NotContains(t, allRowIDs(t, db), before[0])
+
+	require.NoError(t, table.EnsureProgressTable(t.Context(), db))
+	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now(), true))
+	res = requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h")
+	require.Regexp(t, `^deleted 0 rows from outbox_events: a stream reset since \S+ waits for a replay \(relay replay --pending`, res.stdout)
+	require.Equal(t, sorted(inWindow), allRowIDs(t, db))
+}

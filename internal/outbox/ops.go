@@ -382,10 +382,15 @@ func (t *Table) BacklogUpTo(ctx context.Context, q Querier, limit int64) (Backlo
 }
 
 // DeleteDispatched deletes at most limit rows dispatched longer than
-// retention ago, in one short statement, and returns how many it deleted.
-// Call it in a loop until it returns fewer than limit.
+// retention ago, and none dispatched since the earliest window of a stream
+// reset not yet replayed (ResetsHold), in one short statement, and returns
+// how many it deleted. Call it in a loop until it returns fewer than limit.
 func (t *Table) DeleteDispatched(ctx context.Context, q Querier, retention time.Duration, limit int) (int64, error) {
-	tag, err := q.Exec(ctx, t.CleanupSQL(), retention.Seconds(), limit)
+	hold, err := t.ResetsHold(ctx, q)
+	if err != nil {
+		return 0, err
+	}
+	tag, err := q.Exec(ctx, t.CleanupSQL(), retention.Seconds(), limit, hold)
 	if err != nil {
 		return 0, t.classify(err)
 	}

@@ -12,7 +12,8 @@ import (
 
 // DropDispatchedPartitions detaches and drops every partition of a
 // declaratively partitioned outbox whose rows are all dispatched longer
-// than retention ago: far cheaper than deleting them row by row. Each
+// than retention ago (and before the earliest window of a stream reset not
+// yet replayed, ResetsHold): far cheaper than deleting them row by row. Each
 // partition is checked and dropped in its own transaction, under a SHARE
 // lock that keeps rows from being added or changed between the check and
 // the drop; DETACH takes an ACCESS EXCLUSIVE lock on the outbox table for
@@ -36,8 +37,12 @@ func (t *Table) DropDispatchedPartitions(ctx context.Context, db pgtx.Beginner, 
 			if _, err := tx.Exec(ctx, "LOCK TABLE "+part+" IN SHARE MODE"); err != nil {
 				return err
 			}
+			hold, err := t.ResetsHold(ctx, tx)
+			if err != nil {
+				return err
+			}
 			check := t.format(partitionDroppableSQL, part)
-			if err := tx.QueryRow(ctx, check, retention.Seconds()).Scan(&drop); err != nil || !drop {
+			if err := tx.QueryRow(ctx, check, retention.Seconds(), hold).Scan(&drop); err != nil || !drop {
 				return err
 			}
 			if _, err := tx.Exec(ctx, "ALTER TABLE "+t.qTable+" DETACH PARTITION "+part); err != nil {

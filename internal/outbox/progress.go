@@ -360,6 +360,9 @@ var ErrNoProgress = errors.New("no published commit recorded for the slot")
 // never marked dispatched). The margin keeps what a catch-up after a lost
 // slot would read; for a `timestamp without time zone` created_at it is
 // LocalTimeSkew longer, as the catch-up's reach. It returns the rows deleted and the cutoff used.
+// While a stream reset waits for a replay it deletes nothing and returns a
+// ResetsPendingError: the replay of that source republishes every row
+// created before the reset's end.
 func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, retention, margin time.Duration,
 	batchSize int) (int64, time.Time, error) {
 	p, ok, err := t.ReadProgress(ctx, q, slot)
@@ -368,6 +371,12 @@ func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, rete
 	}
 	if !ok || p.LastCommit == nil {
 		return 0, time.Time{}, fmt.Errorf("%w: %s in %s (has its relay run?)", ErrNoProgress, slot, t.ProgressTable())
+	}
+	if hold, err := t.ResetsHold(ctx, q); err != nil || hold != nil {
+		if err == nil {
+			err = &ResetsPendingError{Table: t.String(), Since: *hold}
+		}
+		return 0, time.Time{}, err
 	}
 	now, err := Now(ctx, q)
 	if err != nil {

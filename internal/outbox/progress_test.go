@@ -134,8 +134,8 @@ func TestCatchUpAndCleanupOfALocalTimeColumn(t *testing.T) {
 
 // TestDeleteStreamed: the cleanup by age of a logical replication relay's
 // table deletes rows older than the retention, never those within the
-// margin before the slot's last published commit, and nothing without a
-// recorded commit.
+// margin before the slot's last published commit, nothing without a
+// recorded commit, and nothing while a stream reset waits for its replay.
 func TestDeleteStreamed(t *testing.T) {
 	t.Parallel()
 	tbl := MustNew("", Columns{})
@@ -158,6 +158,21 @@ func TestDeleteStreamed(t *testing.T) {
 	var left int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM outbox_events`).Scan(&left))
 	require.Equal(t, 6, left)
+
+	// A stream reset waiting for its replay, which republishes every row
+	// created before its end: nothing is deleted until it is replayed.
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, true))
+	recordReset(t, tbl, db, time.Minute)
+	n, _, err = tbl.DeleteStreamed(ctx, db, "s", 90*time.Minute, time.Minute, 100)
+	var held *ResetsPendingError
+	require.ErrorAs(t, err, &held)
+	require.ErrorContains(t, err, "relay replay --pending")
+	require.Zero(t, n)
+	_, err = tbl.MarkStreamResetsReplayed(ctx, db, "s", time.Unix(0, 0), time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	n, _, err = tbl.DeleteStreamed(ctx, db, "s", 90*time.Minute, time.Minute, 100)
+	require.NoError(t, err)
+	require.EqualValues(t, 5, n, "replayed: the rows 2 to 6 hours old")
 }
 
 // TestCatchUpEndsOnlyItsOwn: relay A catches up on slot #1; the slot is

@@ -86,6 +86,41 @@ func (t *Table) RecordReplay(ctx context.Context, q Querier, stream string, sinc
 	return nil
 }
 
+// ResetsHold is the start of the earliest window of a stream reset of the
+// table, on any stream, that no replay has covered yet; nil when there is
+// none or no stream-resets table. Cleanup keeps every row a replay of that
+// window would republish, so that a reset nobody replayed yet is not made
+// a loss by the retention. It runs no statement that can fail on a missing
+// table, so it may run inside a transaction.
+func (t *Table) ResetsHold(ctx context.Context, q Querier) (*time.Time, error) {
+	var exists bool
+	if err := q.QueryRow(ctx, tableExistsSQL, t.qualified(t.StreamResetsTableName())).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("looking for %s: %w", t.StreamResetsTable(), t.classify(err))
+	}
+	if !exists {
+		return nil, nil
+	}
+	var hold *time.Time
+	if err := q.QueryRow(ctx, t.resets(resetsHoldSQL)).Scan(&hold); err != nil {
+		return nil, fmt.Errorf("reading stream resets from %s: %w", t.StreamResetsTable(), t.classify(err))
+	}
+	return hold, nil
+}
+
+// ResetsPendingError is the cleanup by age of a logical replication relay's
+// table refusing while a stream reset waits for a replay: that replay
+// republishes every row created before the reset's end (a row's event may
+// reach the stream hours after the row was created), so no row may go.
+type ResetsPendingError struct {
+	Table string
+	Since time.Time // the earliest window's start
+}
+
+func (e *ResetsPendingError) Error() string {
+	return fmt.Sprintf("a stream reset since %s waits for a replay (relay replay --pending; see %s_stream_resets): "+
+		"its rows stay until it is replayed", e.Since.UTC().Format(time.RFC3339), e.Table)
+}
+
 // PendingResets sums up the resets of one stream that no replay has
 // covered yet. The zero value (Count 0) means the stream is intact as far
 // as the relays know.

@@ -87,20 +87,22 @@ SELECT r_id, r_type, r_payload, r_created%[16]s FROM claimed ORDER BY sort_creat
 	(SELECT count(*) FROM (SELECT 1 FROM %[1]s WHERE %[6]s IS NULL LIMIT $1) AS pending),
 	(SELECT min(%[5]s) FROM %[1]s WHERE %[6]s IS NULL)::timestamptz`
 
-	// cleanupSQL deletes up to $2 rows dispatched more than $1 seconds ago.
+	// cleanupSQL deletes up to $2 rows dispatched more than $1 seconds ago
+	// and, when $3 is not NULL, before $3 (the hold of stream resets not
+	// replayed: a replay republishes the rows dispatched since).
 	// Rows locked by someone else are skipped, so cleanup never waits on a
 	// relay. Rows are joined back by (tableoid, ctid), unique across
 	// partitions, and the dispatched predicate is repeated, so a pending row
 	// can never be deleted.
 	cleanupSQL = `WITH doomed AS (
 	SELECT tableoid, ctid FROM %[1]s
-	WHERE %[6]s < now() - make_interval(secs => $1)
+	WHERE %[6]s < now() - make_interval(secs => $1) AND ($3::timestamptz IS NULL OR %[6]s < $3)
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 )
 DELETE FROM %[1]s AS o USING doomed
 WHERE o.tableoid = doomed.tableoid AND o.ctid = doomed.ctid
-	AND o.%[6]s < now() - make_interval(secs => $1)`
+	AND o.%[6]s < now() - make_interval(secs => $1) AND ($3::timestamptz IS NULL OR o.%[6]s < $3)`
 
 	// cleanupStreamedSQL deletes up to $2 rows created before $1, the
 	// cleanup of a logical replication relay's table, whose rows are never
@@ -129,9 +131,11 @@ ORDER BY c.relname`
 
 	// partitionDroppableSQL (with %[14]s the partition) is true when the
 	// partition holds rows and every one is dispatched more than $1 seconds
-	// ago. An empty partition is left alone: it may be one made ahead of time.
+	// ago and, when $2 is not NULL, before $2 (the resets' hold). An empty
+	// partition is left alone: it may be one made ahead of time.
 	partitionDroppableSQL = `SELECT EXISTS (SELECT 1 FROM %[14]s)
-	AND NOT EXISTS (SELECT 1 FROM %[14]s WHERE %[6]s IS NULL OR %[6]s >= now() - make_interval(secs => $1))`
+	AND NOT EXISTS (SELECT 1 FROM %[14]s WHERE %[6]s IS NULL OR %[6]s >= now() - make_interval(secs => $1)
+		OR %[6]s >= $2::timestamptz)`
 
 	// insertSQL writes one event with the id given by the caller.
 	insertSQL = `INSERT INTO %[1]s (%[2]s, %[3]s, %[4]s) VALUES ($1, $2, $3)`
@@ -275,6 +279,11 @@ RETURNING window_start, window_end`
 	// union of their windows and the latest detection.
 	pendingStreamResetsSQL = `SELECT count(*), min(window_start), max(window_end), max(detected_at)
 FROM %[14]s WHERE stream = $1 AND replayed_at IS NULL`
+
+	// resetsHoldSQL (with %[14]s the resets table) is the start of the
+	// earliest window of a reset not yet replayed, of any stream: NULL when
+	// none.
+	resetsHoldSQL = `SELECT min(window_start) FROM %[14]s WHERE replayed_at IS NULL`
 
 	// markStreamResetsReplayedSQL (with %[14]s the resets table) marks the
 	// resets of stream $1 whose window lies within [$2, $3] as replayed.

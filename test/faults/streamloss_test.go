@@ -47,6 +47,9 @@ type streamLossSpec struct {
 	// returns the relay that drains the rest (the same, or one started
 	// instead of it).
 	afterDetect func(t *testing.T, relay *relayProc, env relayEnv, args []string) *relayProc
+	// cleanupFirst runs `relay cleanup --retention 0s` (what the cleanup
+	// CronJob does, with the shortest retention) before the replay.
+	cleanupFirst bool
 }
 
 // streamLoss runs a stream-loss case: see streamLossCase.
@@ -102,6 +105,11 @@ func streamLoss(t *testing.T, c streamLossSpec) {
 	require.Positive(t, before.Lost, "the fault lost no entry: the case tests nothing")
 	require.Contains(t, found.out.String(), "level=ERROR msg=\"Stream reset", "logged at error level")
 
+	if c.cleanupFirst {
+		out := mustRelay(t, env, "cleanup", "--retention", "0s")
+		require.Contains(t, out, "a stream reset waits for a replay", "cleanup says why it keeps rows")
+	}
+
 	// The runbook: replay the recorded window.
 	var rep replayJSON
 	out := mustRelay(t, env, replayArgs...)
@@ -148,6 +156,20 @@ func TestFlushAllMidStreamFromASlot(t *testing.T) {
 	t.Parallel()
 	streamLossCase(t, "LogicalReplication", func(t *testing.T, rs *testenv.RedisServer) {
 		require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
+	})
+}
+
+// TestCleanupBeforeTheReplay: FLUSHALL mid-drain, and the cleanup (a
+// CronJob's run, with the shortest retention) comes before anyone replays
+// the recorded reset. Cleanup must keep the rows the replay republishes:
+// deleted, their events would be in neither the stream nor the table.
+func TestCleanupBeforeTheReplay(t *testing.T) {
+	t.Parallel()
+	streamLoss(t, streamLossSpec{
+		source: "Polling", cleanupFirst: true,
+		fault: func(t *testing.T, rs *testenv.RedisServer) {
+			require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
+		},
 	})
 }
 

@@ -1,0 +1,90 @@
+package outbox
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// recordReset records a stream reset whose window starts ago before
+// PostgreSQL's clock, as a relay does when Redis lost entries.
+func recordReset(t *testing.T, tbl *Table, db Querier, ago time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	now, err := Now(ctx, db)
+	require.NoError(t, err)
+	_, err = tbl.RecordStreamReset(ctx, db, StreamReset{Stream: "s", WindowStart: now.Add(-ago), WindowEnd: now, Reason: "test"})
+	require.NoError(t, err)
+}
+
+// TestCleanupKeepsTheRowsOfAResetNotReplayed: while a stream reset waits
+// for its replay, cleanup keeps every row the replay would republish (those
+// dispatched since its window's start), whatever the retention: deleted,
+// their events would be in neither the stream nor the table. Rows
+// dispatched before the window go as usual, and all of them once the reset
+// is replayed. Without a stream-resets table nothing is held.
+func TestCleanupKeepsTheRowsOfAResetNotReplayed(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, tbl.DDL(DDLOptions{})+`
+		INSERT INTO outbox_events (event_type, payload, created_at, dispatched_at)
+			SELECT 't', g::text, now() - g * interval '1 hour', now() - g * interval '1 hour' + interval '1 second'
+			FROM generate_series(1, 10) g;`)
+	ctx := context.Background()
+	count := func() (n int) {
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM outbox_events`).Scan(&n))
+		return n
+	}
+	_, err := db.Exec(ctx, `DROP TABLE outbox_events_stream_resets`)
+	require.NoError(t, err)
+	hold, err := tbl.ResetsHold(ctx, db)
+	require.NoError(t, err)
+	require.Nil(t, hold, "no stream-resets table: no hold")
+	n, err := tbl.DeleteAllDispatched(ctx, db, 9*time.Hour+30*time.Minute, 3, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the row dispatched 10 hours ago")
+
+	require.NoError(t, tbl.EnsureStreamResetsTable(ctx, db))
+	recordReset(t, tbl, db, 6*time.Hour+30*time.Minute)
+	hold, err = tbl.ResetsHold(ctx, db)
+	require.NoError(t, err)
+	require.NotNil(t, hold)
+	n, err = tbl.DeleteAllDispatched(ctx, db, 0, 3, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n, "the rows dispatched 7 to 9 hours ago, before the window")
+	require.Equal(t, 6, count(), "the rows dispatched in the window are kept")
+
+	_, err = tbl.MarkStreamResetsReplayed(ctx, db, "s", time.Unix(0, 0), time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	n, err = tbl.DeleteAllDispatched(ctx, db, 0, 3, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 6, n, "replayed: the hold is gone")
+	require.Zero(t, count())
+}
+
+// TestDropPartitionsKeepsTheRowsOfAResetNotReplayed: a partition holding a
+// row dispatched in the window of a reset not replayed is not dropped.
+func TestDropPartitionsKeepsTheRowsOfAResetNotReplayed(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, rangePartitionedDDL(tbl)+`
+		CREATE TABLE outbox_events_mid PARTITION OF outbox_events FOR VALUES FROM ('2100-01-01') TO ('2100-02-01');`)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at, dispatched_at) VALUES
+		('m', '1', '2100-01-02', now() - interval '3 days'), ('m', '2', '2100-01-03', now() - interval '2 days')`)
+	require.NoError(t, err)
+	require.NoError(t, tbl.EnsureStreamResetsTable(ctx, db))
+	recordReset(t, tbl, db, 50*time.Hour)
+
+	dropped, err := tbl.DropDispatchedPartitions(ctx, db, db, time.Hour)
+	require.NoError(t, err)
+	require.NotContains(t, dropped, "public.outbox_events_mid", "a row dispatched in the window")
+
+	_, err = tbl.MarkStreamResetsReplayed(ctx, db, "s", time.Unix(0, 0), time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	dropped, err = tbl.DropDispatchedPartitions(ctx, db, db, time.Hour)
+	require.NoError(t, err)
+	require.Contains(t, dropped, "public.outbox_events_mid", "replayed: dropped")
+}
