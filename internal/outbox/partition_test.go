@@ -2,12 +2,16 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // rangePartitionedDDL is an outbox partitioned by day on created_at, with
@@ -235,4 +239,83 @@ func TestBacklogReportsAMissingKeyColumn(t *testing.T) {
 	require.NoError(t, err)
 	_, err = MustNew("", Columns{Key: "aggregate_id"}).Backlog(context.Background(), db)
 	require.NoError(t, err)
+}
+
+// dropWaitingForALock runs DropDispatchedPartitions (retention 0) in the
+// background and returns once its session waits for a lock, with a channel
+// of its result.
+func dropWaitingForALock(t *testing.T, tbl *Table, db *pgxpool.Pool) <-chan []string {
+	t.Helper()
+	ctx := context.Background()
+	done := make(chan []string, 1)
+	go func() {
+		dropped, err := tbl.DropDispatchedPartitions(ctx, db, db, 0)
+		assert.NoError(t, err)
+		done <- dropped
+	}()
+	testenv.Eventually(t, 10*time.Second, "the drop waiting for a lock", func() error {
+		var waiting bool
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE%')`).Scan(&waiting)
+		if err == nil && !waiting {
+			err = errors.New("not waiting")
+		}
+		return err
+	})
+	select {
+	case dropped := <-done:
+		t.Fatalf("the drop did not wait: dropped %v", dropped)
+	default:
+	}
+	return done
+}
+
+// TestDropPartitionsWaitsForAClaim: a claim in flight (not committed: its
+// batch is being published) holds pending rows of an old partition; the
+// drop waits for it, and when the claim rolls back (the publish failed)
+// the partition and its pending rows stay. In both dispatch modes.
+func TestDropPartitionsWaitsForAClaim(t *testing.T) {
+	t.Parallel()
+	for _, d := range []Dispatch{MarkDispatched, DeleteOnDispatch} {
+		t.Run(d.String(), func(t *testing.T) {
+			t.Parallel()
+			tbl := MustNew("", Columns{})
+			db := connect(t, rangePartitionedDDL(tbl)+`
+				INSERT INTO outbox_events (event_type, payload, created_at, dispatched_at) VALUES
+				('a', '1', '2025-01-01', NULL), ('a', '2', '2025-01-02', NULL), ('a', '3', '2025-01-03', NULL),
+				('a', '4', '2024-01-01', '2024-01-02'), ('a', '5', '2024-01-01', '2024-01-02');`)
+			ctx := context.Background()
+			tx, err := db.Begin(ctx)
+			require.NoError(t, err)
+			claimed, err := tbl.Claim(ctx, tx, d, Rows(10))
+			require.NoError(t, err)
+			require.Len(t, claimed, 3)
+
+			done := dropWaitingForALock(t, tbl, db)
+			require.NoError(t, tx.Rollback(ctx))
+			require.Empty(t, <-done, "the claim rolled back: its rows are pending again")
+			require.Equal(t, 3, pendingCount(t, db))
+		})
+	}
+}
+
+// TestDropPartitionsWaitsForAProducer: an old partition whose rows are all
+// dispatched, and a producer's insert into it not yet committed (a late
+// created_at): the drop waits for it and keeps the partition.
+func TestDropPartitionsWaitsForAProducer(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, rangePartitionedDDL(tbl)+`
+		INSERT INTO outbox_events (event_type, payload, created_at, dispatched_at) VALUES
+		('a', '4', '2024-01-01', '2024-01-02'), ('a', '5', '2024-01-01', '2024-01-02');`)
+	ctx := context.Background()
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES ('p', 'late', '2025-03-01')`)
+	require.NoError(t, err)
+
+	done := dropWaitingForALock(t, tbl, db)
+	require.NoError(t, tx.Commit(ctx))
+	require.Empty(t, <-done, "the late row is pending")
+	require.Equal(t, 1, pendingCount(t, db))
 }
