@@ -343,7 +343,10 @@ func (r *Relay) recordResets(ctx context.Context) {
 	pending := r.stream.takePending()
 	for i, reset := range pending {
 		recorded, err := func() (outbox.StreamReset, error) {
-			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			// Not cut short by the relay's shutdown: an INSERT the server
+			// committed while the client gave up would be requeued and
+			// recorded twice.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
 			return r.cfg.Table.RecordStreamReset(ctx, r.db, reset)
 		}()
