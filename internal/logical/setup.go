@@ -81,7 +81,37 @@ func setupPublication(ctx context.Context, q outbox.Querier, o Options) error {
 		return fmt.Errorf("exists but does not cover table %s: ALTER PUBLICATION %s ADD TABLE %s, or name another publication",
 			o.Table, o.Publication, o.Table)
 	}
-	return nil
+	return checkPublicationFilter(ctx, q, o)
+}
+
+// checkPublicationFilter refuses a publication that lists the table (or a
+// relation of its tree) with a row filter or a column list (PostgreSQL 15):
+// pgoutput leaves out the rows a filter rejects, and the slot is then
+// confirmed past them, so their events would be lost without a trace.
+func checkPublicationFilter(ctx context.Context, q outbox.Querier, o Options) error {
+	var version int
+	if err := q.QueryRow(ctx, serverVersionSQL).Scan(&version); err != nil {
+		return fmt.Errorf("reading the server's version: %w", err)
+	}
+	if version < 150000 {
+		return nil // no row filters or column lists before PostgreSQL 15
+	}
+	var rel, filter string
+	var columns bool
+	err := q.QueryRow(ctx, publicationFilterSQL, o.Publication, quotedTable(o.Table)).Scan(&rel, &filter, &columns)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("checking its row filters: %w", err)
+	}
+	what := "a column list"
+	if filter != "" {
+		what = "a row filter (WHERE " + filter + ")"
+	}
+	return fmt.Errorf("lists %s with %s: the rows it leaves out would never reach the stream; "+
+		"ALTER PUBLICATION %s SET TABLE %s (no WHERE, no column list), or name another publication",
+		rel, what, o.Publication, rel)
 }
 
 // setupSlot creates the slot unless it exists, then checks that it is one

@@ -75,6 +75,18 @@ func TestSetupRefusesWhatCannotStream(t *testing.T) {
 	o.Publication = "pub_updates"
 	require.ErrorContains(t, Setup(ctx, db, o), "does not publish inserts")
 
+	// A row filter leaves rows out of the stream, and the slot is confirmed
+	// past them: their events would be lost. A column list is refused too.
+	_, err = db.Exec(ctx, `CREATE PUBLICATION pub_filtered FOR TABLE outbox_events WHERE (event_type <> 'internal') WITH (publish = 'insert');
+		CREATE PUBLICATION pub_columns FOR TABLE outbox_events (id, event_type, created_at) WITH (publish = 'insert')`)
+	require.NoError(t, err)
+	o.Publication = "pub_filtered"
+	err = Setup(ctx, db, o)
+	require.ErrorContains(t, err, "lists outbox_events with a row filter (WHERE (event_type <> 'internal'::text))")
+	require.ErrorContains(t, err, "ALTER PUBLICATION pub_filtered SET TABLE outbox_events")
+	o.Publication = "pub_columns"
+	require.ErrorContains(t, Setup(ctx, db, o), "lists outbox_events with a column list")
+
 	physical := b.opts
 	physical.Slot = testenv.Name(t)
 	_, err = db.Exec(ctx, `SELECT pg_create_physical_replication_slot($1)`, physical.Slot)

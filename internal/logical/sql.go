@@ -49,6 +49,22 @@ SELECT EXISTS (
 		OR t.oid IN (SELECT a.relid FROM pg_partition_ancestors(listed.rel) AS a)
 )`
 
+	// publicationFilterSQL ($1 the publication, $2 the quoted table; only
+	// PostgreSQL 15 and later have row filters and column lists) finds a
+	// relation of the table's tree (itself, its ancestors, its descendants)
+	// that the publication lists with a row filter or a column list: the
+	// name, the filter ("" for none), and whether it has a column list.
+	publicationFilterSQL = `WITH RECURSIVE t AS (SELECT to_regclass($2) AS oid),
+down(rel) AS (SELECT oid FROM t UNION SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.rel),
+tree AS (SELECT rel FROM down UNION SELECT a.relid FROM t, pg_partition_ancestors(t.oid) AS a)
+SELECT r.prrelid::regclass::text, coalesce(pg_get_expr(r.prqual, r.prrelid), ''), r.prattrs IS NOT NULL
+FROM pg_publication p JOIN pg_publication_rel r ON r.prpubid = p.oid JOIN tree ON tree.rel = r.prrelid
+WHERE p.pubname = $1 AND (r.prqual IS NOT NULL OR r.prattrs IS NOT NULL)
+ORDER BY 1 LIMIT 1`
+
+	// serverVersionSQL is the server's version as a number (150004).
+	serverVersionSQL = `SELECT current_setting('server_version_num')::int`
+
 	// uncoveredSQL ($1 the publication, $2 the quoted table) lists the
 	// table's descendants, recursively, whose inserts the publication does
 	// not stream, with whether each is a partition: an inheritance child
