@@ -177,8 +177,8 @@ type RedisSpec struct {
 	// trim bounds the stream's length or age. The relays trim it in the
 	// background (XTRIM MINID), never removing an entry that a consumer
 	// group of the stream has not yet been delivered and acknowledged; a
-	// stream without groups is trimmed by the policy alone. Empty: the
-	// stream is never trimmed.
+	// stream without groups (none created yet, or gone with a stream reset)
+	// is not trimmed. Empty: the stream is never trimmed.
 	// +optional
 	Trim *TrimSpec `json:"trim,omitempty"`
 

@@ -28,7 +28,8 @@ func (s *streamOptions) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&s.waitTimeout, "wait-timeout", relay.DefaultWaitTimeout,
 		"how long a batch waits for --wait-replicas (below --publish-timeout)")
 	fs.Int64Var(&s.trim.MaxLen, "trim-max-len", 0,
-		"trim the stream to about this many entries, never past an entry a consumer group has not acknowledged (XTRIM MINID); 0: no length bound")
+		"trim the stream to about this many entries, never past an entry a consumer group has not acknowledged, "+
+			"nor a stream without groups (XTRIM MINID); 0: no length bound")
 	fs.DurationVar(&s.trim.MaxAge, "trim-max-age", 0,
 		"trim stream entries older than this, never past an entry a consumer group has not acknowledged; 0: no age bound")
 	fs.DurationVar(&s.trim.Interval, "trim-interval", relay.DefaultTrimInterval, "time between two trims")

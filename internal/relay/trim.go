@@ -22,8 +22,8 @@ const trimPage = 10000
 // is beyond MaxLen (the oldest first) or older than MaxAge, whichever
 // removes more, and never when a consumer group of the stream has not yet
 // been delivered it, or has it pending (delivered, not acknowledged). A
-// stream without groups is trimmed by the policy alone. Zero MaxLen and
-// MaxAge: no trimming.
+// stream without groups is not trimmed (ErrNoConsumerGroup). Zero MaxLen
+// and MaxAge: no trimming.
 type TrimPolicy struct {
 	// MaxLen keeps at most about this many entries; 0: no length bound.
 	MaxLen int64
@@ -57,10 +57,27 @@ func (p TrimPolicy) validate() error {
 	return errors.Join(errs...)
 }
 
+// ErrNoConsumerGroup is Trim leaving alone a stream that has no consumer
+// group: nothing says what its consumers have read. A stream reset takes
+// the groups with the stream (they live in its key), and the replay and the
+// backlog then land in a stream without groups until the consumers create
+// theirs again at "0": trimmed by the policy alone meanwhile, those entries
+// would be gone before any consumer read them.
+var ErrNoConsumerGroup = errors.New("the stream has no consumer group: not trimmed")
+
 // trimOnce trims the stream once and counts what it removed; a failure is
-// logged at debug level (the batches report Redis's faults).
+// logged at debug level (the batches report Redis's faults), a stream left
+// alone for want of a group once at info level.
 func (r *Relay) trimOnce(ctx context.Context) {
 	n, bound, err := Trim(ctx, r.rdb, r.cfg.Stream, r.cfg.Trim, r.cfg.PublishTimeout)
+	if errors.Is(err, ErrNoConsumerGroup) {
+		if !r.trimHeld {
+			r.trimHeld = true
+			r.log.Info("Not trimming the stream: it has no consumer group, and a group created later at 0 must find every entry")
+		}
+		return
+	}
+	r.trimHeld = false
 	if err != nil {
 		r.log.Debug("Trimming the stream failed, retrying at the next interval", "error", err.Error())
 		return
@@ -77,9 +94,10 @@ func (r *Relay) trimOnce(ctx context.Context) {
 // pending entry, from XINFO GROUPS and XPENDING), and runs XTRIM MINID with
 // the lower of the two. It returns the entries removed and the bound.
 //
-// A group created between the reading of the groups and the XTRIM, at an
-// id below the bound, can miss entries; a group created later at "$" or
-// at the stream's end never can.
+// A stream without groups is not trimmed: ErrNoConsumerGroup. A group
+// created between the reading of the groups and the XTRIM, at an id below
+// the bound, can miss entries; a group created later at "$" or at the
+// stream's end never can.
 func Trim(ctx context.Context, rdb redis.UniversalClient, stream string, p TrimPolicy, timeout time.Duration) (int64, string, error) {
 	if !p.enabled() {
 		return 0, "", nil
@@ -94,7 +112,10 @@ func Trim(ctx context.Context, rdb redis.UniversalClient, stream string, p TrimP
 	if err != nil {
 		return 0, "", err
 	}
-	if n > 0 && compareIDs(groups, bound) < 0 {
+	if n == 0 {
+		return 0, "", ErrNoConsumerGroup
+	}
+	if compareIDs(groups, bound) < 0 {
 		bound = groups
 	}
 	if bound == "0-0" {

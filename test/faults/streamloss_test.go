@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -300,3 +301,60 @@ func TestStreamMadeAgainByANewRelay(t *testing.T) {
 	require.Zero(t, r.Lost, "lost events after the replay, e.g. %v", r.LostIDs)
 	require.Zero(t, r.Unexpected)
 }
+
+// TestTrimmingAfterAResetWaitsForTheGroups: trimming on (`--trim-max-len
+// 200`, every 100 ms) and `--auto-replay`; the consumer group has read and
+// acknowledged everything, so the stream is trimmed as it grows. FLUSHALL
+// mid-drain takes the group with the stream; the consumers are down (a
+// rollout) while the relay replays the window and drains the rest into a
+// stream without groups. When they come back and create their group at 0,
+// every event must be there: trimmed by the policy alone, the stream kept
+// only its last 200 entries.
+func TestTrimmingAfterAResetWaitsForTheGroups(t *testing.T) {
+	t.Parallel()
+	events := sized(3000, 20000)
+	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
+	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
+	stream := testenv.Name(t)
+	mustRelay(t, env, "schema", "--apply")
+	conn := connect(t, pg.DSN())
+	rdb := redisClient(t, rs.URL())
+	relay := startRelay(t, "A", env, "--stream", stream, "--batch-size", "100", "--stream-check-interval", "200ms",
+		"--auto-replay", "--trim-max-len", "200", "--trim-interval", "100ms")
+	prod := startProducers(t, producerConfig{
+		dsn: pg.DSN(), conns: 2, events: events, rate: sized(1500.0, 3000.0), insert: insertInto("outbox_events"),
+	})
+	// The consumers: a group that has read and acknowledged everything so
+	// far (XGROUP SETID to the end), so the relay trims.
+	eventually(t, time.Minute, "the stream trimmed while the group keeps up", func() error {
+		if err := rdb.XGroupCreateMkStream(t.Context(), stream, "workers", "$").Err(); err != nil && !isBusyGroup(err) {
+			return err
+		}
+		if err := rdb.XGroupSetID(t.Context(), stream, "workers", "$").Err(); err != nil {
+			return err
+		}
+		if relay.metric("outbox_relay_stream_trimmed_entries_total") < 1 {
+			return fmt.Errorf("nothing trimmed yet")
+		}
+		return nil
+	})
+	require.NoError(t, rdb.FlushAll(t.Context()).Err()) // the group goes with the stream
+	eventually(t, time.Minute, "the reset replayed", func() error {
+		if relay.metric("outbox_relay_events_replayed_total") < 1 {
+			return fmt.Errorf("nothing replayed yet")
+		}
+		return nil
+	})
+	prod.wait(t)
+	waitDrained(t, conn, "outbox_events", 5*time.Minute)
+	// The consumers stay down for twenty trim intervals after the drain.
+	time.Sleep(2 * time.Second)
+	replayed, trimmed := relay.metric("outbox_relay_events_replayed_total"), relay.metric("outbox_relay_stream_trimmed_entries_total")
+	relay.stop(t, time.Minute)
+	r := checkStream(t, rdb, stream, prod.committed())
+	figures(t, r, 1, fmt.Sprintf("replayed=%v trimmed=%v", replayed, trimmed))
+	require.Zero(t, r.Lost, "events a group created now at 0 would never read, e.g. %v", r.LostIDs)
+}
+
+// isBusyGroup reports XGROUP CREATE's error for a group that exists.
+func isBusyGroup(err error) bool { return err != nil && strings.Contains(err.Error(), "BUSYGROUP") }
