@@ -83,6 +83,13 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 		return fmt.Errorf("streaming from slot %s: %w", r.cfg.Slot, err)
 	}
 	defer func() { _ = reader.Close(context.WithoutCancel(ctx)) }()
+	if due == nil {
+		// Decided before this relay held the slot; nobody can drop it now
+		// without ending this stream, so what is due now is final.
+		if due, err = r.catchUpDueNow(ctx); err != nil {
+			return err
+		}
+	}
 	if due != nil {
 		// The slot streams to this relay now, which proves its creation
 		// finished: every transaction that commits after its consistent
@@ -181,19 +188,9 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 		return nil, err
 	}
 	var due *catchUpDue
-	startCatchUp := func(ctx context.Context, newSlot bool) error {
-		// A new slot gets a catch-up of its own: one still running on the
-		// slot it replaces (a relay cut off from it) ends only its own.
-		id, err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot, newSlot)
-		if err != nil {
-			return err
-		}
-		due = &catchUpDue{id: id}
-		if ok && p.LastCommit != nil {
-			t := p.LastCommit.Add(-r.cfg.CatchUpMargin)
-			due.since = &t
-		}
-		return nil
+	startCatchUp := func(ctx context.Context, newSlot bool) (err error) {
+		due, err = r.recordCatchUp(ctx, p, ok, newSlot)
+		return err
 	}
 	if !st.Exists || !ok || p.CatchUpPending {
 		if err := startCatchUp(ctx, !st.Exists); err != nil {
@@ -217,6 +214,37 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 		return nil, err
 	}
 	return due, nil
+}
+
+// recordCatchUp records a catch-up due for the slot whose progress is p
+// (ok: it has a row) and returns it, from the last published commit less
+// the margin (every row without one). A new slot gets a catch-up of its
+// own: one still running on the slot it replaces (a relay cut off from it)
+// ends only its own.
+func (r *Relay) recordCatchUp(ctx context.Context, p outbox.Progress, ok, newSlot bool) (*catchUpDue, error) {
+	id, err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot, newSlot)
+	if err != nil {
+		return nil, err
+	}
+	due := &catchUpDue{id: id}
+	if ok && p.LastCommit != nil {
+		t := p.LastCommit.Add(-r.cfg.CatchUpMargin)
+		due.since = &t
+	}
+	return due, nil
+}
+
+// catchUpDueNow reads the slot's progress again once this relay holds the
+// slot: prepareSlot found nothing due before it did, but another relay may
+// have made the slot again since (dropped as lost, its catch-up recorded
+// due before it was created). It returns that catch-up, or one of every row
+// when the slot has no progress row; nil when nothing is due.
+func (r *Relay) catchUpDueNow(ctx context.Context) (*catchUpDue, error) {
+	p, ok, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
+	if err != nil || (ok && !p.CatchUpPending) {
+		return nil, err
+	}
+	return r.recordCatchUp(ctx, p, ok, false)
 }
 
 // catchUp publishes the rows not marked dispatched created since due.since

@@ -536,36 +536,56 @@ func TestReplicationOutdatedCatchUpLeavesTheNewSlotsCatchUpDue(t *testing.T) {
 // catch-up, or stopped first). The relay creates the slot again; the rows
 // the dropped slot held, and those committed while there was none, are in
 // no stream: the relay records a catch-up due before it creates the slot,
-// and publishes them from the table.
+// and publishes them from the table. Made again: the other relay also
+// recorded its catch-up due and created the slot before this relay's
+// Setup, and this relay takes the slot first; it must do that catch-up
+// (it read the progress before, when nothing was due: a review found the
+// gap never published, and this relay's progress moving the catch-up's
+// bound past it).
 func TestReplicationSlotDroppedAfterItWasSeenGetsACatchUp(t *testing.T) {
 	t.Parallel()
-	b := setup(t, bundleOpts{})
-	cfg := b.replicating(t, Config{BatchSize: 50, Slot: "relay_test_dropped"})
-	stop := runInBackground(t, b.newRelay(t, cfg))
-	first := b.insertNow(t, 10)
-	b.waitStream(t, first)
-	b.waitCaughtUp(t, cfg.Slot)
-	require.NoError(t, stop())
+	for _, remade := range []bool{false, true} {
+		t.Run(map[bool]string{false: "dropped", true: "made again"}[remade], func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, bundleOpts{})
+			cfg := b.replicating(t, Config{BatchSize: 50, Slot: map[bool]string{false: "relay_test_dropped", true: "relay_test_remade"}[remade]})
+			stop := runInBackground(t, b.newRelay(t, cfg))
+			first := b.insertNow(t, 10)
+			b.waitStream(t, first)
+			b.waitCaughtUp(t, cfg.Slot)
+			require.NoError(t, stop())
 
-	held := b.insertNow(t, 10) // in the slot's WAL, not yet streamed
-	r := b.newRelay(t, cfg)
-	var gap []string
-	dropped := make(chan struct{})
-	var once sync.Once
-	r.testHookBeforeSetup = func(ctx context.Context) {
-		once.Do(func() {
-			defer close(dropped)
-			if err := logical.DropSlot(ctx, b.db, cfg.Slot); err != nil {
-				t.Errorf("dropping the slot: %v", err)
+			held := b.insertNow(t, 10) // in the slot's WAL, not yet streamed
+			r := b.newRelay(t, cfg)
+			var gap []string
+			dropped := make(chan struct{})
+			var once sync.Once
+			r.testHookBeforeSetup = func(ctx context.Context) {
+				once.Do(func() {
+					defer close(dropped)
+					if err := logical.DropSlot(ctx, b.db, cfg.Slot); err != nil {
+						t.Errorf("dropping the slot: %v", err)
+					}
+					gap = b.insertNow(t, 10) // committed while there is no slot
+					if !remade {
+						return
+					}
+					// The other relay's prepareSlot: its catch-up due, then the slot.
+					if _, err := b.table.StartCatchUp(ctx, b.db, cfg.Slot, true); err != nil {
+						t.Errorf("recording the catch-up: %v", err)
+					}
+					if err := logical.Setup(ctx, b.db, logical.Options{Table: b.table, Slot: cfg.Slot}); err != nil {
+						t.Errorf("creating the slot: %v", err)
+					}
+				})
 			}
-			gap = b.insertNow(t, 10) // committed while there is no slot
+			stop = runInBackground(t, r)
+			<-dropped
+			b.waitStream(t, slices.Concat(first, held, gap))
+			later := b.insertNow(t, 5)
+			b.waitStream(t, later)
+			require.NoError(t, stop())
+			requireAtLeastOnce(t, b.readStream(t, b.stream), slices.Concat(first, held, gap, later))
 		})
 	}
-	stop = runInBackground(t, r)
-	<-dropped
-	b.waitStream(t, slices.Concat(first, held, gap))
-	later := b.insertNow(t, 5)
-	b.waitStream(t, later)
-	require.NoError(t, stop())
-	requireAtLeastOnce(t, b.readStream(t, b.stream), slices.Concat(first, held, gap, later))
 }
