@@ -53,7 +53,8 @@ type Config struct {
 	Consumer string
 	// Handler runs each new event; required.
 	Handler Handler
-	// BatchSize is the number of entries read (or reclaimed) at once.
+	// BatchSize is the number of new entries read at once (pending ones
+	// are reclaimed one at a time).
 	BatchSize int
 	// Block is how long one read waits for new entries.
 	Block time.Duration

@@ -241,7 +241,12 @@ func (c *Consumer) ensureGroup(ctx context.Context) error {
 }
 
 // reclaim claims the entries pending longer than MinIdle, whoever holds
-// them, and handles them, one page of BatchSize at a time.
+// them, and handles them, one at a time: XAUTOCLAIM counts a delivery for
+// every entry it claims, so a page claimed by a consumer that then dies on
+// its first entry (an OOM kill) would count one for the entries after it
+// too, which never ran, and after MaxDeliveries such deaths dead-letter
+// them with the entry that killed it. Claimed one at a time, an entry's
+// count goes up only when it is the next to run.
 func (c *Consumer) reclaim(ctx context.Context) error {
 	start := "0-0"
 	for ctx.Err() == nil {
@@ -253,7 +258,7 @@ func (c *Consumer) reclaim(ctx context.Context) error {
 			Consumer: c.cfg.Consumer,
 			MinIdle:  c.cfg.MinIdle,
 			Start:    start,
-			Count:    int64(c.cfg.BatchSize),
+			Count:    1,
 		}).Result()
 		if err != nil {
 			cancel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -278,6 +279,55 @@ func TestEntryDeliveredTooOftenWithoutCompletingIsDeadLettered(t *testing.T) {
 	dead := b.deadLetters(t)[0]
 	require.Equal(t, "4", dead["deliveries"])
 	require.Contains(t, dead["error"], "delivered 4 times without completing (max 3)")
+}
+
+// TestADeathOnOneEntrySpendsNoDeliveryOfTheOthers: consumers die on the
+// first entry of what they hold, again and again (the handler ends its
+// goroutine with runtime.Goexit: nothing after it runs, no ack, as when the
+// process is killed there; a test cannot survive a real kill). Each reclaim
+// must count a delivery only for the entry it runs: the entries after the
+// killer, which never ran, are processed once it is dead-lettered, not
+// dead-lettered with it (a review saw all five dead-lettered when a
+// reclaim claimed a page at once).
+func TestADeathOnOneEntrySpendsNoDeliveryOfTheOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	require.NoError(t, b.rdb.XGroupCreateMkStream(ctx, b.stream, b.group, "0").Err())
+	b.publish(t, "killer", "t", "{}")
+	innocents := []string{"innocent-1", "innocent-2", "innocent-3", "innocent-4"}
+	for _, id := range innocents {
+		b.publish(t, id, "t", "{}")
+	}
+	cfg := Config{MaxDeliveries: 3, MinIdle: 20 * time.Millisecond, ClaimInterval: 10 * time.Millisecond}
+	dies := b.handler.handle("c1", func(_ context.Context, _ pgx.Tx, m Message) error {
+		if m.EventID == "killer" {
+			runtime.Goexit()
+		}
+		return nil
+	})
+	for i := range cfg.MaxDeliveries {
+		c := cfg
+		c.Consumer, c.Handler = fmt.Sprintf("dies-%d", i), dies
+		consumer := b.newConsumer(t, c)
+		died := make(chan struct{})
+		go func() {
+			defer close(died)
+			_ = consumer.Run(ctx)
+		}()
+		<-died
+		require.Equal(t, i+1, b.handler.callsOf("killer"))
+		time.Sleep(cfg.MinIdle) // idle long enough to be reclaimed
+	}
+
+	run(t, b.newConsumer(t, cfg))
+	waitFor(t, "nothing pending", func() bool { return b.pending(t) == 0 })
+	dead := b.deadLetters(t)
+	require.Len(t, dead, 1, "only the entry its consumers died on: %v", dead)
+	require.Equal(t, "killer", dead[0]["event_id"])
+	for _, id := range innocents {
+		require.Equal(t, 1, b.handler.callsOf(id), "%s ran once", id)
+	}
 }
 
 func TestRunFinishesTheEntryInFlightWhenCancelled(t *testing.T) {
