@@ -374,7 +374,7 @@ func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, rete
 	}
 	if hold, err := t.ResetsHold(ctx, q); err != nil || hold != nil {
 		if err == nil {
-			err = &ResetsPendingError{Table: t.String(), Since: *hold}
+			err = &ResetsPendingError{ResetsTable: t.StreamResetsTable(), Since: *hold}
 		}
 		return 0, time.Time{}, err
 	}

@@ -112,13 +112,13 @@ func (t *Table) ResetsHold(ctx context.Context, q Querier) (*time.Time, error) {
 // republishes every row created before the reset's end (a row's event may
 // reach the stream hours after the row was created), so no row may go.
 type ResetsPendingError struct {
-	Table string
-	Since time.Time // the earliest window's start
+	ResetsTable string    // where the reset is recorded
+	Since       time.Time // the earliest window's start
 }
 
 func (e *ResetsPendingError) Error() string {
-	return fmt.Sprintf("a stream reset since %s waits for a replay (relay replay --pending; see %s_stream_resets): "+
-		"its rows stay until it is replayed", e.Since.UTC().Format(time.RFC3339), e.Table)
+	return fmt.Sprintf("a stream reset since %s waits for a replay (relay replay --pending; see %s): "+
+		"its rows stay until it is replayed", e.Since.UTC().Format(time.RFC3339), e.ResetsTable)
 }
 
 // PendingResets sums up the resets of one stream that no replay has

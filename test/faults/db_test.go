@@ -31,6 +31,7 @@ func connect(t testing.TB, dsn string) *pgx.Conn {
 // environment, a stream named after the test and clients of both servers.
 type outboxCase struct {
 	pg     *testenv.PostgresServer
+	rs     *testenv.RedisServer // no persistence
 	env    relayEnv
 	stream string
 	conn   *pgx.Conn
@@ -41,7 +42,7 @@ type outboxCase struct {
 func startOutboxCase(t testing.TB) outboxCase {
 	t.Helper()
 	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
-	c := outboxCase{pg: pg, env: relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}, stream: testenv.Name(t)}
+	c := outboxCase{pg: pg, rs: rs, env: relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}, stream: testenv.Name(t)}
 	mustRelay(t, c.env, "schema", "--apply")
 	c.conn, c.rdb = connect(t, pg.DSN()), redisClient(t, rs.URL())
 	return c

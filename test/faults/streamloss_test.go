@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
@@ -59,11 +60,8 @@ func streamLoss(t *testing.T, c streamLossSpec) {
 	source := c.source
 	events := sized(3000, 30000)
 	rate := sized(1500.0, 3000.0)
-	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t) // no persistence
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
-	conn := connect(t, pg.DSN())
+	oc := startOutboxCase(t)
+	pg, rs, env, stream, conn, rdb := oc.pg, oc.rs, oc.env, oc.stream, oc.conn, oc.rdb
 	args := []string{"--stream", stream, "--batch-size", "100", "--stream-check-interval", cmp.Or(c.checkInterval, "200ms")}
 	replayArgs := []string{"replay", "--stream", stream, "--pending", "--output", "json"}
 	if source != "Polling" {
@@ -101,7 +99,6 @@ func streamLoss(t *testing.T, c streamLossSpec) {
 		waitConfirmed(t, conn, replicationSlot, 5*time.Minute)
 	}
 	relay.stop(t, time.Minute)
-	rdb := redisClient(t, rs.URL())
 	before := checkStream(t, rdb, stream, prod.committed())
 	require.Positive(t, before.Lost, "the fault lost no entry: the case tests nothing")
 	require.Contains(t, found.out.String(), "level=ERROR msg=\"Stream reset", "logged at error level")
@@ -112,18 +109,36 @@ func streamLoss(t *testing.T, c streamLossSpec) {
 	}
 
 	// The runbook: replay the recorded window.
-	var rep replayJSON
-	out := mustRelay(t, env, replayArgs...)
-	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	rep := replayResets(t, env, replayArgs)
 	// One fault may be recorded as more than one reset (a restarted Redis is
 	// seen first as an older last id, then as a missing stream): each window is
 	// replayed, and none is left pending.
-	require.GreaterOrEqual(t, rep.ResetsReplayed, int64(1), "the recorded reset is marked replayed")
 	var again replayJSON
-	out = mustRelay(t, env, replayArgs...)
+	out := mustRelay(t, env, replayArgs...)
 	require.NoError(t, json.Unmarshal([]byte(out), &again), out)
 	require.Zero(t, again.ResetsReplayed, "no reset left pending after the replay")
-	r := checkStream(t, rdb, stream, prod.committed())
+	requireNothingLostAfterReplay(t, rdb, stream, prod.committed(), before, rep, detected)
+}
+
+// replayResets runs the runbook's `relay replay` (args) and requires that
+// it marked a recorded reset replayed.
+func replayResets(t *testing.T, env relayEnv, args []string) replayJSON {
+	t.Helper()
+	var rep replayJSON
+	out := mustRelay(t, env, args...)
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	require.GreaterOrEqual(t, rep.ResetsReplayed, int64(1), "the recorded reset is marked replayed")
+	return rep
+}
+
+// requireNothingLostAfterReplay checks the stream after the replay: every
+// committed event in it, nothing else; it prints the case's figures (before
+// is the check before the replay, detected how long the reset took to be
+// counted).
+func requireNothingLostAfterReplay(t *testing.T, rdb *redis.Client, stream string, committed []Committed, before Report,
+	rep replayJSON, detected time.Duration) {
+	t.Helper()
+	r := checkStream(t, rdb, stream, committed)
 	figures(t, r, 1, fmt.Sprintf("lost_before_replay=%d replayed=%d detected_after=%s", before.Lost, rep.Republished,
 		ms(detected)))
 	require.Zero(t, r.Lost, "lost events after the replay, e.g. %v", r.LostIDs)
@@ -244,11 +259,8 @@ func TestResetFoundByABatchSurvivesAKill(t *testing.T) {
 func TestStreamMadeAgainByANewRelay(t *testing.T) {
 	t.Parallel()
 	events := sized(4000, 20000)
-	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t) // no persistence
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
-	conn := connect(t, pg.DSN())
+	oc := startOutboxCase(t)
+	pg, rs, env, stream, conn, rdb := oc.pg, oc.rs, oc.env, oc.stream, oc.conn, oc.rdb
 	args := []string{"--stream", stream, "--batch-size", "100", "--stream-check-interval", "200ms"}
 	a := startRelay(t, "A", env, args...)
 	prod := startProducers(t, producerConfig{
@@ -261,7 +273,7 @@ func TestStreamMadeAgainByANewRelay(t *testing.T) {
 		return nil
 	})
 	a.signal(t, syscall.SIGSTOP)
-	info, err := redisClient(t, rs.URL()).XInfoStream(t.Context(), stream).Result()
+	info, err := rdb.XInfoStream(t.Context(), stream).Result()
 	require.NoError(t, err)
 	rs.Kill(t)
 	rs.Start(t)
@@ -287,19 +299,11 @@ func TestStreamMadeAgainByANewRelay(t *testing.T) {
 	a.stop(t, time.Minute)
 	b.stop(t, time.Minute)
 	require.Zero(t, b.metric("outbox_relay_stream_resets_total"), "B never saw the lost stream")
-	rdb := redisClient(t, rs.URL())
 	before := checkStream(t, rdb, stream, prod.committed())
 	require.Positive(t, before.Lost, "the fault lost no entry: the case tests nothing")
 
-	var rep replayJSON
-	out := mustRelay(t, env, "replay", "--stream", stream, "--pending", "--output", "json")
-	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
-	require.GreaterOrEqual(t, rep.ResetsReplayed, int64(1), "the recorded reset is marked replayed")
-	r := checkStream(t, rdb, stream, prod.committed())
-	figures(t, r, 1, fmt.Sprintf("lost_before_replay=%d replayed=%d detected_after=%s", before.Lost, rep.Republished,
-		ms(detected)))
-	require.Zero(t, r.Lost, "lost events after the replay, e.g. %v", r.LostIDs)
-	require.Zero(t, r.Unexpected)
+	rep := replayResets(t, env, []string{"replay", "--stream", stream, "--pending", "--output", "json"})
+	requireNothingLostAfterReplay(t, rdb, stream, prod.committed(), before, rep, detected)
 }
 
 // TestTrimmingAfterAResetWaitsForTheGroups: trimming on (`--trim-max-len
@@ -313,12 +317,8 @@ func TestStreamMadeAgainByANewRelay(t *testing.T) {
 func TestTrimmingAfterAResetWaitsForTheGroups(t *testing.T) {
 	t.Parallel()
 	events := sized(3000, 20000)
-	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
-	conn := connect(t, pg.DSN())
-	rdb := redisClient(t, rs.URL())
+	oc := startOutboxCase(t)
+	pg, env, stream, conn, rdb := oc.pg, oc.env, oc.stream, oc.conn, oc.rdb
 	relay := startRelay(t, "A", env, "--stream", stream, "--batch-size", "100", "--stream-check-interval", "200ms",
 		"--auto-replay", "--trim-max-len", "200", "--trim-interval", "100ms")
 	prod := startProducers(t, producerConfig{
