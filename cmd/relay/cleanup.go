@@ -90,7 +90,8 @@ func newCleanupCommand(c *common) *cobra.Command {
 	cmd.Flags().IntVar(&batchSize, "batch-size", 1000, "rows deleted per statement")
 	cmd.Flags().StringVar(&slot, "slot", "",
 		"source LogicalReplication: delete by created_at the rows older than the retention, and only those created "+
-			"--catch-up-margin before the slot's last published commit (rows are never marked dispatched in that mode)")
+			"--catch-up-margin before the slot's last published commit, but those of transactions running at about that commit "+
+			"(the slot's xmin horizon; rows are never marked dispatched in that mode)")
 	cmd.Flags().DurationVar(&margin, "catch-up-margin", relay.DefaultCatchUpMargin,
 		"with --slot: keep the rows a catch-up after a lost slot would read (the relay's --catch-up-margin)")
 	cmd.Flags().BoolVar(&dropPartitions, "drop-partitions", false,

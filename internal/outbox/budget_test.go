@@ -104,7 +104,7 @@ func TestPagesStayWithinTheByteBudget(t *testing.T) {
 	}
 	wantOrder := []string{"1", "2", "3", "4", "5", "6", "7"}
 
-	_, err := tbl.CatchUp(ctx, db, nil, limit, pages)
+	_, err := tbl.CatchUp(ctx, db, nil, nil, limit, pages)
 	require.NoError(t, err)
 	require.Equal(t, wantOrder, order, "catch-up: every row once, in order")
 	// Its FETCHes start at one row and grow to what fits: 1, then 2

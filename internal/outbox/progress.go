@@ -48,6 +48,22 @@ type Progress struct {
 	// CatchUpID is the id of the catch-up last recorded due (0: none, or
 	// one recorded by an earlier version, without an id).
 	CatchUpID CatchUpID
+	// XminHorizon is a full transaction id (xid8) at or before that of
+	// every transaction that commits after LastCommit: the oldest one
+	// running at a time before that commit. A catch-up reads the rows of
+	// those transactions too, however long before LastCommit they began
+	// (their created_at, the transaction's start, can be older than the
+	// catch-up's margin), and cleanup keeps them. nil: none recorded yet
+	// (the slot's first commits, or a row of an earlier version).
+	XminHorizon *int64
+}
+
+// CatchUpSnapshot is what a catch-up's snapshot covers: every transaction
+// committed before At, and none with an id at or after Xmin (the oldest
+// running then).
+type CatchUpSnapshot struct {
+	At   time.Time
+	Xmin int64
 }
 
 // CatchUpID tells one catch-up of a slot from another: StartCatchUp
@@ -70,7 +86,7 @@ func (t *Table) EnsureProgressTable(ctx context.Context, db pgtx.Beginner) error
 // progress table does not exist yet).
 func (t *Table) ReadProgress(ctx context.Context, q Querier, slot string) (p Progress, ok bool, err error) {
 	var id int64
-	err = q.QueryRow(ctx, t.progress(readProgressSQL), slot).Scan(&p.LastCommit, &p.CatchUpPending, &id)
+	err = q.QueryRow(ctx, t.progress(readProgressSQL), slot).Scan(&p.LastCommit, &p.CatchUpPending, &id, &p.XminHorizon)
 	p.CatchUpID = CatchUpID(id)
 	var pgErr *pgconn.PgError
 	if errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
@@ -99,14 +115,15 @@ func (t *Table) StartCatchUp(ctx context.Context, q Querier, slot string, newSlo
 }
 
 // FinishCatchUp records catch-up id of the slot done: everything committed
-// before snapshot (the time of its read of the table) is published. It
-// ends the catch-up due only if that is still id, and says whether it did:
+// before snapshot.At (the time of its read of the table) is published, and
+// snapshot.Xmin is the xmin horizon. It ends the catch-up due only if that
+// is still id, and says whether it did:
 // false when the slot was made again meanwhile and a newer catch-up is due
 // (then the rows committed between this snapshot and the new slot were
 // read by no catch-up yet), or when the slot has no row.
-func (t *Table) FinishCatchUp(ctx context.Context, q Querier, slot string, snapshot time.Time, id CatchUpID) (bool, error) {
+func (t *Table) FinishCatchUp(ctx context.Context, q Querier, slot string, snapshot CatchUpSnapshot, id CatchUpID) (bool, error) {
 	var done bool
-	err := q.QueryRow(ctx, t.progress(finishCatchUpSQL), slot, snapshot, int64(id)).Scan(&done)
+	err := q.QueryRow(ctx, t.progress(finishCatchUpSQL), slot, snapshot.At, int64(id), snapshot.Xmin).Scan(&done)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -117,7 +134,8 @@ func (t *Table) FinishCatchUp(ctx context.Context, q Querier, slot string, snaps
 }
 
 // RecordProgress records that everything committed up to lastCommit is
-// published. The time never goes back. done ends a catch-up recorded
+// published. The time never goes back. It also keeps the xmin horizon
+// (recordProgressSQL). done ends a catch-up recorded
 // without an id (by a relay of an earlier version) only; one started by
 // StartCatchUp ends with FinishCatchUp.
 func (t *Table) RecordProgress(ctx context.Context, q Querier, slot string, lastCommit time.Time, done bool) error {
@@ -167,27 +185,30 @@ func (t *Table) CatchUpSince(ctx context.Context, q Querier, since *time.Time) (
 }
 
 // CatchUp reads, in one REPEATABLE READ snapshot, the rows not marked
-// dispatched created at or after since (nil: every row) or without
-// created_at, from the table and its children, and hands them to fn in
+// dispatched created at or after since (nil: every row), inserted by a
+// transaction at or after the xmin horizon (Progress.XminHorizon; nil:
+// none), or without created_at, from the table and its children, and hands them to fn in
 // pages of at most limit, in the claim's order; it marks nothing. There is
 // no upper bound: a row committed after the snapshot is not read, so the
 // caller takes the snapshot once its slot streams (a row committed after
 // the slot's consistent point is then in the stream, one committed before
-// it in the snapshot). It returns the server's clock at the snapshot:
-// every row committed before it was read.
+// it in the snapshot). It returns the server's clock at the snapshot
+// (every row committed before it was read) and the oldest transaction
+// then running.
 //
 // The caller widens since for the column's type first (CatchUpSince).
-func (t *Table) CatchUp(ctx context.Context, db pgtx.Beginner, since *time.Time, limit Limit,
-	fn func([]Event) error) (snapshot time.Time, err error) {
+func (t *Table) CatchUp(ctx context.Context, db pgtx.Beginner, since *time.Time, horizon *int64, limit Limit,
+	fn func([]Event) error) (snapshot CatchUpSnapshot, err error) {
 	err = pgtx.Run(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`); err != nil {
 			return fmt.Errorf("catching up: %w", err)
 		}
 		// The snapshot is taken by the transaction's first query: this one.
-		if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&snapshot); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT clock_timestamp(), pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).
+			Scan(&snapshot.At, &snapshot.Xmin); err != nil {
 			return fmt.Errorf("catching up: reading the server's clock: %w", err)
 		}
-		return t.readCatchUp(ctx, tx, t.qTable, since, limit, fn)
+		return t.readCatchUp(ctx, tx, t.qTable, since, horizon, limit, fn)
 	})
 	return snapshot, t.classify(err)
 }
@@ -198,7 +219,7 @@ func (t *Table) CatchUp(ctx context.Context, db pgtx.Beginner, since *time.Time,
 // caller holds a lock that keeps inserts out (relay: adding the child to
 // the publication).
 func (t *Table) CatchUpChild(ctx context.Context, tx pgx.Tx, schema, name string, limit Limit, fn func([]Event) error) error {
-	return t.classify(t.readCatchUp(ctx, tx, "ONLY "+pgx.Identifier{schema, name}.Sanitize(), nil, limit, fn))
+	return t.classify(t.readCatchUp(ctx, tx, "ONLY "+pgx.Identifier{schema, name}.Sanitize(), nil, nil, limit, fn))
 }
 
 // readCatchUp pages through declareCatchUpSQL of from in tx, handing the
@@ -209,12 +230,12 @@ func (t *Table) CatchUpChild(ctx context.Context, tx pgx.Tx, schema, name string
 // the first FETCH takes catchUpFirstFetch rows, and each next one
 // as many as the rows read so far say fit in the budget (up to twice the
 // last, and limit.Rows), so that a FETCH publishes about one page.
-func (t *Table) readCatchUp(ctx context.Context, tx pgx.Tx, from string, since *time.Time, limit Limit,
+func (t *Table) readCatchUp(ctx context.Context, tx pgx.Tx, from string, since *time.Time, horizon *int64, limit Limit,
 	fn func([]Event) error) error {
 	if limit.Rows < 1 {
 		return fmt.Errorf("catching up in pages of %d rows: must be at least 1", limit.Rows)
 	}
-	if _, err := tx.Exec(ctx, t.format(declareCatchUpSQL, from), since); err != nil {
+	if _, err := tx.Exec(ctx, t.format(declareCatchUpSQL, from, fmt.Sprintf(insertedSinceHorizon, "$2")), since, horizon); err != nil {
 		return fmt.Errorf("catching up: %w", err)
 	}
 	p := newPager(t.columns, false, limit, fn)
@@ -357,8 +378,9 @@ var ErrNoProgress = errors.New("no published commit recorded for the slot")
 // DeleteStreamed deletes, in batches of batchSize, the rows created more
 // than retention ago and more than margin before the slot's last published
 // commit (the cleanup by age of source LogicalReplication, whose rows are
-// never marked dispatched). The margin keeps what a catch-up after a lost
-// slot would read; for a `timestamp without time zone` created_at it is
+// never marked dispatched), but those inserted at or after the slot's xmin
+// horizon (Progress.XminHorizon). The margin and the horizon keep what a
+// catch-up after a lost slot would read; for a `timestamp without time zone` created_at it is
 // LocalTimeSkew longer, as the catch-up's reach. It returns the rows deleted and the cutoff used.
 // While a stream reset waits for a replay it deletes nothing and returns a
 // ResetsPendingError: the replay of that source republishes every row
@@ -395,7 +417,7 @@ func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, rete
 	}
 	var total int64
 	for {
-		tag, err := q.Exec(ctx, t.format(cleanupStreamedSQL), cutoff, batchSize)
+		tag, err := q.Exec(ctx, t.format(cleanupStreamedSQL, fmt.Sprintf(insertedSinceHorizon, "$3")), cutoff, batchSize, p.XminHorizon)
 		if err != nil {
 			return total, cutoff, t.classify(fmt.Errorf("deleting streamed rows: %w", err))
 		}

@@ -37,7 +37,7 @@ func TestProgressAndBacklogSince(t *testing.T) {
 	p, _, err = tbl.ReadProgress(ctx, db, "s")
 	require.NoError(t, err)
 	require.True(t, p.CatchUpPending, "still due until a catch-up says done")
-	ended, err := tbl.FinishCatchUp(ctx, db, "s", at(4), id)
+	ended, err := tbl.FinishCatchUp(ctx, db, "s", CatchUpSnapshot{At: at(4)}, id)
 	require.NoError(t, err)
 	require.True(t, ended)
 	p, _, err = tbl.ReadProgress(ctx, db, "s")
@@ -61,12 +61,13 @@ func TestProgressAndBacklogSince(t *testing.T) {
 	require.NoError(t, err)
 	since := at(3)
 	var pages [][]string
-	snapshot, err := tbl.CatchUp(ctx, db, &since, Rows(4), func(page []Event) error {
+	snapshot, err := tbl.CatchUp(ctx, db, &since, nil, Rows(4), func(page []Event) error {
 		pages = append(pages, payloads(page))
 		return nil
 	})
 	require.NoError(t, err)
-	require.WithinDuration(t, time.Now(), snapshot, time.Minute)
+	require.WithinDuration(t, time.Now(), snapshot.At, time.Minute)
+	require.Positive(t, snapshot.Xmin)
 	// FETCHes of 1, 2 and then 4 rows (the first small, before the rows' size is known).
 	require.Equal(t, [][]string{{"null"}, {"p3", "p4"}, {"p5", "p6", "p7", "p8"}, {"p9", "p10", "future"}}, pages)
 }
@@ -81,7 +82,7 @@ func TestCatchUpReadsOneSnapshot(t *testing.T) {
 		INSERT INTO outbox_events (event_type, payload) SELECT 't', 'p' || g FROM generate_series(1, 5) g;`)
 	ctx := context.Background()
 	var got []string
-	_, err := tbl.CatchUp(ctx, db, nil, Rows(2), func(page []Event) error {
+	_, err := tbl.CatchUp(ctx, db, nil, nil, Rows(2), func(page []Event) error {
 		got = append(got, payloads(page)...)
 		_, err := db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES ('t', 'late', '2000-01-01')`)
 		return err
@@ -112,7 +113,7 @@ func TestCatchUpAndCleanupOfALocalTimeColumn(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, since.Equal(now.Add(-time.Minute-LocalTimeSkew)))
 	var got []string
-	_, err = tbl.CatchUp(ctx, db, since, Rows(10), func(page []Event) error {
+	_, err = tbl.CatchUp(ctx, db, since, nil, Rows(10), func(page []Event) error {
 		got = append(got, payloads(page)...)
 		return nil
 	})
@@ -193,7 +194,7 @@ func TestCatchUpEndsOnlyItsOwn(t *testing.T) {
 	b, err := tbl.StartCatchUp(ctx, db, "s", true) // B: #1 lost, #2 made
 	require.NoError(t, err)
 	require.NotEqual(t, a, b)
-	ended, err := tbl.FinishCatchUp(ctx, db, "s", at(1), a) // A ends late
+	ended, err := tbl.FinishCatchUp(ctx, db, "s", CatchUpSnapshot{At: at(1)}, a) // A ends late
 	require.NoError(t, err)
 	require.False(t, ended)
 	p, _, err := tbl.ReadProgress(ctx, db, "s")
@@ -211,7 +212,7 @@ func TestCatchUpEndsOnlyItsOwn(t *testing.T) {
 	p, _, err = tbl.ReadProgress(ctx, db, "s")
 	require.NoError(t, err)
 	require.True(t, p.CatchUpPending)
-	ended, err = tbl.FinishCatchUp(ctx, db, "s", at(3), c)
+	ended, err = tbl.FinishCatchUp(ctx, db, "s", CatchUpSnapshot{At: at(3)}, c)
 	require.NoError(t, err)
 	require.True(t, ended)
 	p, _, err = tbl.ReadProgress(ctx, db, "s")
@@ -224,10 +225,10 @@ func TestCatchUpEndsOnlyItsOwn(t *testing.T) {
 	d, err := tbl.StartCatchUp(ctx, db, "s", false)
 	require.NoError(t, err)
 	require.NotEqual(t, c, d)
-	ended, err = tbl.FinishCatchUp(ctx, db, "s", at(4), c)
+	ended, err = tbl.FinishCatchUp(ctx, db, "s", CatchUpSnapshot{At: at(4)}, c)
 	require.NoError(t, err)
 	require.False(t, ended)
-	ended, err = tbl.FinishCatchUp(ctx, db, "other", at(4), d)
+	ended, err = tbl.FinishCatchUp(ctx, db, "other", CatchUpSnapshot{At: at(4)}, d)
 	require.NoError(t, err)
 	require.False(t, ended, "a slot without a row")
 }
@@ -258,7 +259,98 @@ func TestProgressTableOfAnEarlierVersionIsUpgraded(t *testing.T) {
 	id, err := tbl.StartCatchUp(ctx, db, "s", false)
 	require.NoError(t, err)
 	require.NotZero(t, id)
-	ended, err := tbl.FinishCatchUp(ctx, db, "s", time.Now(), id)
+	ended, err := tbl.FinishCatchUp(ctx, db, "s", CatchUpSnapshot{At: time.Now()}, id)
 	require.NoError(t, err)
 	require.True(t, ended)
+}
+
+// TestXminHorizon: progress samples the oldest running transaction and
+// makes the sample the slot's horizon once a commit a second after it is
+// recorded; a catch-up reads the rows of transactions at or after the
+// horizon whatever their created_at, and cleanup keeps them.
+func TestXminHorizon(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, tbl.DDL(DDLOptions{}))
+	ctx := context.Background()
+	require.NoError(t, tbl.EnsureProgressTable(ctx, db))
+	horizon := func() *int64 {
+		t.Helper()
+		p, ok, err := tbl.ReadProgress(ctx, db, "s")
+		require.NoError(t, err)
+		require.True(t, ok)
+		return p.XminHorizon
+	}
+
+	// A transaction begins, inserts a row dated long ago, and runs on.
+	long, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = long.Rollback(ctx) }()
+	var longXID int64
+	require.NoError(t, long.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload, created_at)
+		VALUES ('t', 'long', '2020-01-01') RETURNING pg_current_xact_id()::text::bigint`).Scan(&longXID))
+
+	now, err := Now(ctx, db)
+	require.NoError(t, err)
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now.Add(-time.Hour), false)) // sampled
+	require.Nil(t, horizon(), "a sample is not a horizon")
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, false))
+	require.Nil(t, horizon(), "no commit a second after the sample yet")
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now.Add(2*time.Second), false))
+	h := horizon()
+	require.NotNil(t, h, "a commit a second after the sample: the sample is the horizon")
+	require.LessOrEqual(t, *h, longXID, "the long transaction ran at the sample")
+	require.NoError(t, long.Commit(ctx))
+
+	// The long transaction's row is read by a catch-up from now, and kept by
+	// a cleanup that deletes everything created before an hour from now.
+	read := func(h *int64) []string {
+		t.Helper()
+		var payloads []string
+		since := now.Add(time.Minute)
+		_, err := tbl.CatchUp(ctx, db, &since, h, Rows(10), func(page []Event) error {
+			for _, e := range page {
+				payloads = append(payloads, e.Payload)
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		return payloads
+	}
+	require.Equal(t, []string{"long"}, read(h))
+	require.Empty(t, read(nil), "without a horizon the bound alone")
+
+	// A catch-up done makes its snapshot's oldest running transaction the
+	// horizon: a transaction after it is read, one before it not.
+	_, err = db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES ('t', 'before', '2020-01-01')`)
+	require.NoError(t, err)
+	snap, err := tbl.CatchUp(ctx, db, nil, nil, Rows(10), func([]Event) error { return nil })
+	require.NoError(t, err)
+	var after int64 // as if the oldest transaction running at the snapshot
+	require.NoError(t, db.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload, created_at)
+		VALUES ('t', 'after', '2020-01-01') RETURNING pg_current_xact_id()::text::bigint`).Scan(&after))
+	require.LessOrEqual(t, snap.Xmin, after)
+	id, err := tbl.StartCatchUp(ctx, db, "s", false)
+	require.NoError(t, err)
+	_, err = tbl.FinishCatchUp(ctx, db, "s", CatchUpSnapshot{At: snap.At, Xmin: after}, id)
+	require.NoError(t, err)
+	h = horizon()
+	require.NotNil(t, h)
+	require.Equal(t, after, *h)
+	require.Equal(t, []string{"after"}, read(h))
+
+	// Cleanup by age keeps the row at the horizon, deletes the others.
+	n, _, err := tbl.DeleteStreamed(ctx, db, "s", time.Nanosecond, time.Nanosecond, 10)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n, "long and before")
+	var left []string
+	rows, err := db.Query(ctx, `SELECT payload FROM outbox_events`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var p string
+		require.NoError(t, rows.Scan(&p))
+		left = append(left, p)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"after"}, left)
 }

@@ -104,13 +104,15 @@ DELETE FROM %[1]s AS o USING doomed
 WHERE o.tableoid = doomed.tableoid AND o.ctid = doomed.ctid
 	AND o.%[6]s < now() - make_interval(secs => $1) AND ($3::timestamptz IS NULL OR o.%[6]s < $3)`
 
-	// cleanupStreamedSQL deletes up to $2 rows created before $1, the
-	// cleanup of a logical replication relay's table, whose rows are never
-	// marked (the caller bounds $1 by the slot's progress). Locked rows are
-	// skipped and the predicate repeated, like cleanupSQL.
+	// cleanupStreamedSQL (with %[14]s insertedSinceHorizon of $3) deletes
+	// up to $2 rows created before $1, the cleanup of a logical replication
+	// relay's table, whose rows are never marked (the caller bounds $1 by
+	// the slot's progress), except those inserted at or after the slot's
+	// xmin horizon $3, which a catch-up would read. Locked rows are skipped
+	// and the predicate repeated, like cleanupSQL.
 	cleanupStreamedSQL = `WITH doomed AS (
 	SELECT tableoid, ctid FROM %[1]s
-	WHERE %[5]s < $1
+	WHERE %[5]s < $1 AND NOT %[14]s
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 )
@@ -321,23 +323,31 @@ ORDER BY %[5]s, %[2]s`
 
 	// progressDDL (with %[14]s the progress table) creates the table where
 	// logical replication relays record, per slot, the last commit they
-	// published and the catch-up due (progress.go). catch_up_id, added
-	// later, is added to a table made without it; the ALTER runs only then,
-	// as it takes a lock that would queue behind the table's readers.
+	// published and the catch-up due (progress.go). catch_up_id and the
+	// xmin columns, added later, are added to a table made without them;
+	// the ALTER runs only then, as it takes a lock that would queue behind
+	// the table's readers.
 	progressDDL = `CREATE TABLE IF NOT EXISTS %[14]s (
 	slot text PRIMARY KEY,
 	last_commit timestamptz NULL,
 	catch_up_pending boolean NOT NULL DEFAULT false,
 	catch_up_id bigint NULL,
+	xmin_horizon bigint NULL,
+	xmin_sample bigint NULL,
+	xmin_sampled_at timestamptz NULL,
 	updated_at timestamptz NOT NULL DEFAULT now()
 );
 DO $ddl$ BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '%[14]s'::regclass AND attname = 'catch_up_id' AND NOT attisdropped) THEN
-		ALTER TABLE %[14]s ADD COLUMN IF NOT EXISTS catch_up_id bigint NULL;
+	IF (SELECT count(*) FROM pg_attribute WHERE attrelid = '%[14]s'::regclass AND NOT attisdropped
+		AND attname IN ('catch_up_id', 'xmin_horizon', 'xmin_sample', 'xmin_sampled_at')) < 4 THEN
+		ALTER TABLE %[14]s ADD COLUMN IF NOT EXISTS catch_up_id bigint NULL,
+			ADD COLUMN IF NOT EXISTS xmin_horizon bigint NULL,
+			ADD COLUMN IF NOT EXISTS xmin_sample bigint NULL,
+			ADD COLUMN IF NOT EXISTS xmin_sampled_at timestamptz NULL;
 	END IF;
 END $ddl$;`
 
-	readProgressSQL = `SELECT last_commit, catch_up_pending, coalesce(catch_up_id, 0) FROM %[14]s WHERE slot = $1`
+	readProgressSQL = `SELECT last_commit, catch_up_pending, coalesce(catch_up_id, 0), xmin_horizon FROM %[14]s WHERE slot = $1`
 
 	// startCatchUpSQL (with %[14]s the progress table) records a catch-up of
 	// slot $1 due and returns its id: a new one when the slot is to be made
@@ -354,10 +364,14 @@ RETURNING catch_up_id`
 
 	// finishCatchUpSQL (with %[14]s the progress table) records catch-up $3
 	// of slot $1 done, up to $2, and ends it only if it is still the one
-	// due; it returns whether it did.
+	// due; it returns whether it did. $4, the oldest transaction running at
+	// the catch-up's snapshot, is the xmin horizon from then on: a
+	// transaction that commits after that snapshot has an id at or after it
+	// (whether or not the catch-up still ends).
 	finishCatchUpSQL = `UPDATE %[14]s AS p SET
 	last_commit = greatest(p.last_commit, $2::timestamptz),
 	catch_up_pending = p.catch_up_pending AND p.catch_up_id IS DISTINCT FROM $3::bigint,
+	xmin_horizon = $4::bigint, xmin_sample = NULL, xmin_sampled_at = NULL,
 	updated_at = now()
 WHERE p.slot = $1
 RETURNING NOT p.catch_up_pending`
@@ -365,21 +379,52 @@ RETURNING NOT p.catch_up_pending`
 	// recordProgressSQL moves last_commit forward only; $3 ends a catch-up
 	// recorded without an id only (by a relay of an earlier version): one
 	// with an id ends with finishCatchUpSQL.
-	recordProgressSQL = `INSERT INTO %[14]s AS p (slot, last_commit) VALUES ($1, $2)
+	//
+	// It also keeps the xmin horizon (progress.go, Progress.XminHorizon): it
+	// samples the oldest transaction running now with the time after the
+	// sample's snapshot, and makes a sample the horizon once a commit at
+	// least a second later is recorded. A transaction that commits
+	// after that commit had not committed at the sample (PostgreSQL takes a
+	// commit's time before it writes the commit, which a transaction after
+	// it in the WAL follows): its id is at or after the sample. The slack
+	// covers the clock stepping back. A sample waits until then; the next
+	// is taken when it is used.
+	recordProgressSQL = `INSERT INTO %[14]s AS p (slot, last_commit, xmin_sample, xmin_sampled_at)
+VALUES ($1, $2, pg_snapshot_xmin(pg_current_snapshot())::text::bigint, clock_timestamp())
 ON CONFLICT (slot) DO UPDATE SET
 	last_commit = greatest(p.last_commit, excluded.last_commit),
 	catch_up_pending = p.catch_up_pending AND NOT ($3::boolean AND p.catch_up_id IS NULL),
+	xmin_horizon = CASE
+		WHEN p.xmin_sampled_at <= greatest(p.last_commit, excluded.last_commit) - interval '1 second'
+		THEN p.xmin_sample ELSE p.xmin_horizon END,
+	xmin_sample = CASE
+		WHEN p.xmin_sampled_at IS NULL OR p.xmin_sampled_at <= greatest(p.last_commit, excluded.last_commit) - interval '1 second'
+		THEN excluded.xmin_sample ELSE p.xmin_sample END,
+	xmin_sampled_at = CASE
+		WHEN p.xmin_sampled_at IS NULL OR p.xmin_sampled_at <= greatest(p.last_commit, excluded.last_commit) - interval '1 second'
+		THEN excluded.xmin_sampled_at ELSE p.xmin_sampled_at END,
 	updated_at = now()`
 
+	// insertedSinceHorizon (with %[1]s the parameter that holds a full
+	// transaction id, NULL: none) says whether a row was inserted by a
+	// transaction at or after it. A row's xmin is a 32-bit id, compared by
+	// age (which counts back from the current one), which holds for ids
+	// less than 2^31 transactions old: a horizon older than 2^30 says true
+	// for every row.
+	insertedSinceHorizon = `(%[1]s::bigint IS NOT NULL AND (
+	pg_snapshot_xmax(pg_current_snapshot())::text::bigint - %[1]s::bigint >= 1073741824
+	OR age(xmin) <= age((%[1]s::bigint %% 4294967296)::text::xid)))`
+
 	// declareCatchUpSQL (with %[14]s what to read: the table, with its
-	// children, or ONLY one child) opens the cursor of a catch-up: the rows
-	// not marked dispatched created at or after $1 ($1 NULL: every row), and
-	// those without created_at, in the claim's order. It has no upper bound:
-	// the transaction's snapshot bounds it, and what commits later is in the
-	// slot's stream.
+	// children, or ONLY one child, and %[15]s insertedSinceHorizon of $2)
+	// opens the cursor of a catch-up: the rows not marked dispatched created
+	// at or after $1 ($1 NULL: every row), those inserted by a transaction
+	// at or after the xmin horizon $2, and those without created_at, in the
+	// claim's order. It has no upper bound: the transaction's snapshot
+	// bounds it, and what commits later is in the slot's stream.
 	declareCatchUpSQL = `DECLARE outbox_catch_up NO SCROLL CURSOR FOR
 SELECT %[2]s::text, %[3]s::text, %[4]s::text, %[5]s::timestamptz FROM %[14]s
-WHERE %[6]s IS NULL AND ($1::timestamptz IS NULL OR %[5]s IS NULL OR %[5]s >= $1)
+WHERE %[6]s IS NULL AND ($1::timestamptz IS NULL OR %[5]s IS NULL OR %[5]s >= $1 OR %[15]s)
 ORDER BY %[5]s NULLS FIRST, %[2]s::text`
 
 	// fetchCatchUpSQL reads the next page of that cursor.

@@ -26,15 +26,18 @@ import (
 // cannot hold: a slot streams what is committed after its creation, so the
 // rows committed before the first slot (or in the gap of a slot that was
 // invalidated, or dropped and made again) are read from the table, from the
-// last recorded commit less CatchUpMargin, in one snapshot taken once the
-// slot streams to this relay, before the stream is read. It is
+// last recorded commit less CatchUpMargin (and those of the transactions
+// that were running at about that commit, by the xmin horizon, however
+// long ago they began), in one snapshot taken once the slot streams to
+// this relay, before the stream is read. It is
 // recorded as due before the slot is created and as done after its last
 // page, so a relay that stops in between does it again: duplicates, never a
 // loss.
 
 // DefaultCatchUpMargin reaches back before the last recorded commit in a
-// catch-up: a row's created_at is its transaction's start, so a transaction
-// that ran for up to this long across that commit is still covered.
+// catch-up: a row's created_at is its transaction's start, or earlier when
+// the application sets it; the xmin horizon covers the transactions that
+// ran across that commit, and this the rest of the clock's uncertainty.
 const DefaultCatchUpMargin = 5 * time.Minute
 
 // progressEvery bounds how often the progress table is written while
@@ -158,6 +161,9 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 type catchUpDue struct {
 	// since is the lower bound of the rows read (nil: every row).
 	since *time.Time
+	// horizon is the slot's xmin horizon: the rows of transactions at or
+	// after it are read too, however old their created_at (nil: none).
+	horizon *int64
 	// id is the catch-up's, which only it ends.
 	id outbox.CatchUpID
 }
@@ -229,7 +235,7 @@ func (r *Relay) recordCatchUp(ctx context.Context, p outbox.Progress, ok, newSlo
 	due := &catchUpDue{id: id}
 	if ok && p.LastCommit != nil {
 		t := p.LastCommit.Add(-r.cfg.CatchUpMargin)
-		due.since = &t
+		due.since, due.horizon = &t, p.XminHorizon
 	}
 	return due, nil
 }
@@ -258,7 +264,7 @@ func (r *Relay) catchUp(ctx context.Context, due catchUpDue, reader *logical.Rea
 		return fmt.Errorf("catching up: %w", err)
 	}
 	total := 0
-	snapshot, err := r.cfg.Table.CatchUp(ctx, r.db, since, r.batchLimit(), func(page []outbox.Event) error {
+	snapshot, err := r.cfg.Table.CatchUp(ctx, r.db, since, due.horizon, r.batchLimit(), func(page []outbox.Event) error {
 		if r.testHookCatchUp != nil {
 			if err := r.testHookCatchUp(ctx, false); err != nil {
 				return err

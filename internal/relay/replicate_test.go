@@ -589,3 +589,46 @@ func TestReplicationSlotDroppedAfterItWasSeenGetsACatchUp(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicationCatchUpTakesATransactionLongerThanTheMargin: a producer's
+// transaction inserts a row and stays open for longer than the catch-up
+// margin while others commit and the relay records their progress; the
+// relay stops, the long transaction commits, and the slot is lost before
+// any relay streams it. The new slot's catch-up reads from the last commit
+// less the margin, after the row's created_at (its transaction's start):
+// the xmin horizon must take it (a review found it in no stream).
+func TestReplicationCatchUpTakesATransactionLongerThanTheMargin(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	const margin = time.Second
+	cfg := b.replicating(t, Config{Slot: "relay_long_transaction", BatchSize: 50, CatchUpMargin: margin})
+	stop := runInBackground(t, b.newRelay(t, cfg))
+	b.waitCaughtUp(t, cfg.Slot)
+
+	long, err := b.db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = long.Rollback(ctx) }()
+	var longID string
+	var began time.Time
+	require.NoError(t, long.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload) VALUES ('long', '{}')
+		RETURNING id::text, created_at`).Scan(&longID, &began))
+	var others []string
+	waitFor(t, "progress recorded well past the long transaction's start", func() bool {
+		others = append(others, b.insertNow(t, 1)...)
+		time.Sleep(50 * time.Millisecond)
+		p, _, err := b.table.ReadProgress(ctx, b.db, cfg.Slot)
+		require.NoError(t, err)
+		return p.LastCommit != nil && p.LastCommit.After(began.Add(3*margin))
+	})
+	b.waitStream(t, others)
+	require.NoError(t, stop())
+
+	require.NoError(t, long.Commit(ctx))
+	require.NoError(t, logical.DropSlot(ctx, b.db, cfg.Slot)) // as the server drops an invalidated slot
+
+	stop = runInBackground(t, b.newRelay(t, cfg))
+	b.waitStream(t, []string{longID})
+	require.NoError(t, stop())
+	requireAtLeastOnce(t, b.readStream(t, b.stream), append(others, longID))
+}
