@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-dev/outbox-operator/internal/pgtx"
@@ -43,6 +45,10 @@ type StreamReset struct {
 	WindowStart, WindowEnd time.Time
 	// Reason says what the relay saw.
 	Reason string
+	// Groups are the consumer groups the stream had before the reset, as
+	// far as the relay knew: the reset took them with the stream, and
+	// trimming waits until they are all back (AwaitedGroups).
+	Groups []string
 }
 
 // EnsureStreamResetsTable creates the stream-resets table if it is missing
@@ -61,7 +67,8 @@ func (t *Table) EnsureStreamResetsTable(ctx context.Context, db pgtx.Beginner) e
 // no earlier than PostgreSQL's clock at the record (the dispatch times'
 // clock; the relay's may be behind it).
 func (t *Table) RecordStreamReset(ctx context.Context, q Querier, r StreamReset) (StreamReset, error) {
-	err := q.QueryRow(ctx, t.resets(recordStreamResetSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason).Scan(&r.WindowStart, &r.WindowEnd)
+	err := q.QueryRow(ctx, t.resets(recordStreamResetSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason, r.Groups).
+		Scan(&r.WindowStart, &r.WindowEnd)
 	if err != nil {
 		return r, fmt.Errorf("recording a stream reset in %s: %w", t.StreamResetsTable(), err)
 	}
@@ -82,6 +89,49 @@ func (t *Table) RecordReplay(ctx context.Context, q Querier, stream string, sinc
 	}
 	if err != nil {
 		return fmt.Errorf("recording a replay in %s: %w", t.StreamResetsTable(), err)
+	}
+	return nil
+}
+
+// AwaitedGroups are the consumer groups that resets of stream took with it
+// and that were not all seen back since: the groups, and the resets that
+// recorded them (for GroupsBack). A group the reset took is created again
+// by its consumers, at 0 or at the position they keep; until then nothing
+// says what it still has to read, so the stream is not trimmed. A missing
+// table means none.
+func (t *Table) AwaitedGroups(ctx context.Context, q Querier, stream string) (groups []string, resets []int64, err error) {
+	rows, err := q.Query(ctx, t.resets(awaitedGroupsSQL), stream)
+	if err == nil {
+		var id int64
+		var gs []string
+		_, err = pgx.ForEachRow(rows, []any{&id, &gs}, func() error {
+			resets = append(resets, id)
+			for _, g := range gs {
+				if !slices.Contains(groups, g) {
+					groups = append(groups, g)
+				}
+			}
+			return nil
+		})
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the groups awaited after stream resets in %s: %w", t.StreamResetsTable(), t.classify(err))
+	}
+	return groups, resets, nil
+}
+
+// GroupsBack records that the groups of resets (AwaitedGroups) were all
+// seen on the stream: trimming no longer waits for them.
+func (t *Table) GroupsBack(ctx context.Context, q Querier, resets []int64) error {
+	if len(resets) == 0 {
+		return nil
+	}
+	if _, err := q.Exec(ctx, t.resets(groupsBackSQL), resets); err != nil {
+		return fmt.Errorf("recording the groups back in %s: %w", t.StreamResetsTable(), t.classify(err))
 	}
 	return nil
 }

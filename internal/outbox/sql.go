@@ -247,8 +247,12 @@ FOR UPDATE SKIP LOCKED`
 
 	// streamResetsDDL (with %[14]s the table) creates the table where relays
 	// record that the stream went back in time (it lost entries): the window
-	// of dispatch times whose events may be gone, until a replay covers it.
-	// The operator reads it with the backlog check (docs/operations.md).
+	// of dispatch times whose events may be gone, until a replay covers it,
+	// and the consumer groups the stream had, which trimming waits for
+	// until they are all back (groups_back_at). The operator reads it with
+	// the backlog check (docs/operations.md). The group columns, added
+	// later, are added to a table made without them; the ALTER runs only
+	// then, as it takes a lock that would queue behind the table's readers.
 	streamResetsDDL = `CREATE TABLE IF NOT EXISTS %[14]s (
 	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 	stream text NOT NULL,
@@ -256,8 +260,17 @@ FOR UPDATE SKIP LOCKED`
 	window_start timestamptz NOT NULL,
 	window_end timestamptz NOT NULL,
 	reason text NOT NULL,
-	replayed_at timestamptz NULL
-);`
+	replayed_at timestamptz NULL,
+	groups text[] NULL,
+	groups_back_at timestamptz NULL
+);
+DO $ddl$ BEGIN
+	IF (SELECT count(*) FROM pg_attribute WHERE attrelid = '%[14]s'::regclass AND NOT attisdropped
+		AND attname IN ('groups', 'groups_back_at')) < 2 THEN
+		ALTER TABLE %[14]s ADD COLUMN IF NOT EXISTS groups text[] NULL,
+			ADD COLUMN IF NOT EXISTS groups_back_at timestamptz NULL;
+	END IF;
+END $ddl$;`
 
 	// recordStreamResetSQL (with %[14]s the resets table) records one reset
 	// and returns the window recorded. A replay of stream $1 after $2 (a
@@ -267,10 +280,20 @@ FOR UPDATE SKIP LOCKED`
 	// the start of that replay's window too. The window is of dispatch times,
 	// PostgreSQL's clock, and $3 is the detection by the relay's: it ends no
 	// earlier than now(), after the detection, whatever the two clocks say.
-	recordStreamResetSQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason)
+	recordStreamResetSQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason, groups)
 SELECT $1, least($2::timestamptz, (SELECT min(window_start) FROM %[14]s WHERE stream = $1 AND replayed_at >= $2::timestamptz)),
-	greatest($3::timestamptz, now()), $4
+	greatest($3::timestamptz, now()), $4, $5::text[]
 RETURNING window_start, window_end`
+
+	// awaitedGroupsSQL (with %[14]s the resets table) lists the resets of
+	// stream $1 whose consumer groups were not all seen back yet, with
+	// their groups.
+	awaitedGroupsSQL = `SELECT id, groups FROM %[14]s
+WHERE stream = $1 AND groups_back_at IS NULL AND cardinality(groups) > 0 ORDER BY id`
+
+	// groupsBackSQL (with %[14]s the resets table) records the groups of
+	// resets $1 seen back.
+	groupsBackSQL = `UPDATE %[14]s SET groups_back_at = now() WHERE id = ANY($1::bigint[]) AND groups_back_at IS NULL`
 
 	// recordReplaySQL (with %[14]s the resets table) records a replay of
 	// stream $1 over [$2, $3), done now, for recordStreamResetSQL.

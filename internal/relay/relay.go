@@ -38,9 +38,9 @@ type Relay struct {
 	bulkLimit bulkLimit
 	// stream is what the relay knows of its stream, to notice a reset (streamloss.go).
 	stream streamGuard
-	// trimHeld is set while the stream is not trimmed for want of a
-	// consumer group, so that it is said once (trim.go; the watch loop's).
-	trimHeld bool
+	// trimHeld is why the stream is not trimmed ("": it is), so that it is
+	// said once (trim.go; the watch loop's).
+	trimHeld string
 	// open are the batches that hold a transaction, which an automatic
 	// replay waits for (streamloss.go).
 	open openBatches

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,12 +82,13 @@ func (m *streamMetrics) collectors() []prometheus.Collector {
 // between batches.
 type streamGuard struct {
 	mu           sync.Mutex
-	known        bool   // the relay has seen the stream exist
-	lastID       string // highest id seen
-	ownID        string // the id of the last entry this relay added; "" after a reset
-	entriesAdded int64  // a lower bound of entries-added
-	firstMs      int64  // ms of the oldest entry at the last good check
-	consumedMs   int64  // ms below which every group had read and acked
+	known        bool     // the relay has seen the stream exist
+	lastID       string   // highest id seen
+	ownID        string   // the id of the last entry this relay added; "" after a reset
+	entriesAdded int64    // a lower bound of entries-added
+	firstMs      int64    // ms of the oldest entry at the last good check
+	consumedMs   int64    // ms below which every group had read and acked
+	groups       []string // the consumer groups at the last good look
 	pending      []outbox.StreamReset
 	resetsSeen   int
 	// found wakes the watch loop when a reset is queued, so that it is
@@ -179,6 +181,7 @@ func (r *Relay) observeLocked(c *streamCheck, added string, n int) {
 		if why != "" {
 			r.reportReset(why)
 			g.consumedMs = 0 // the groups' positions were in the stream that is gone
+			g.groups = nil   // and the groups with them: the reset awaits them
 			g.ownID = ""     // gone: not reported again
 		}
 	}
@@ -219,7 +222,8 @@ func (r *Relay) reportReset(why string) {
 	if fromMs > 0 {
 		from = time.UnixMilli(fromMs).Add(-margin)
 	}
-	reset := outbox.StreamReset{Stream: r.cfg.Stream, WindowStart: from.UTC(), WindowEnd: now.UTC(), Reason: why}
+	reset := outbox.StreamReset{Stream: r.cfg.Stream, WindowStart: from.UTC(), WindowEnd: now.UTC(), Reason: why,
+		Groups: slices.Clone(g.groups)}
 	g.pending = append(g.pending, reset)
 	g.resetsSeen++
 	select {
@@ -252,22 +256,38 @@ func (r *Relay) checkStream(ctx context.Context) {
 
 // checkGroups reads how far every consumer group has read and acknowledged
 // (the watch loop, after checkStream): where the window of a reset found
-// later begins. A stream without groups has nothing known to be consumed.
+// later begins, and which groups that reset takes. A stream without groups
+// has nothing known to be consumed.
 func (r *Relay) checkGroups(ctx context.Context) {
-	if bound, _, err := groupsBound(ctx, r.rdb, r.cfg.Stream, r.cfg.PublishTimeout); err == nil {
-		r.stream.setConsumed(bound)
+	if bound, names, err := groupsBound(ctx, r.rdb, r.cfg.Stream, r.cfg.PublishTimeout); err == nil {
+		r.stream.setGroups(bound, names)
 	}
 }
 
-// setConsumed records the position below which every consumer group has
-// read and acknowledged (a stream id; "" for none), from the watch loop. It
-// is the latest reading, not the highest: a group created since at an
-// earlier id, or moved back (XGROUP SETID), has not consumed what the
-// others had, and a reset's window must reach back to what it still needs.
-func (g *streamGuard) setConsumed(bound string) {
+// setGroups records the position below which every consumer group has
+// read and acknowledged (a stream id; "" for none), and the groups' names,
+// from the watch loop. It is the latest reading, not the highest: a group
+// created since at an earlier id, or moved back (XGROUP SETID), has not
+// consumed what the others had, and a reset's window must reach back to
+// what it still needs. No group at all leaves the names known as they
+// are: that is what a reset the relay has not noticed yet looks like, and
+// the reset must record the groups it took (a stream whose groups were all
+// destroyed on purpose keeps them until a reset records them; the release
+// is in docs/relay.md).
+func (g *streamGuard) setGroups(bound string, names []string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.consumedMs = idMs(bound)
+	if len(names) > 0 {
+		g.groups = names
+	}
+}
+
+// pendingResets returns a copy of the resets not yet recorded.
+func (g *streamGuard) pendingResets() []outbox.StreamReset {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.pending)
 }
 
 // takePending returns the resets not yet recorded and forgets them.

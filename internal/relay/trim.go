@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -57,6 +59,19 @@ func (p TrimPolicy) validate() error {
 	return errors.Join(errs...)
 }
 
+// GroupsAwaitedError is Trim leaving alone a stream that lacks some of the
+// consumer groups a stream reset took with it (outbox.Table.AwaitedGroups):
+// the groups that are back say nothing of what the others still have to
+// read, which their consumers read again from 0 (or from where they keep
+// their position) once they create them again.
+type GroupsAwaitedError struct {
+	Missing []string
+}
+
+func (e *GroupsAwaitedError) Error() string {
+	return fmt.Sprintf("the consumer groups %s, which a stream reset took, are not back: not trimmed", strings.Join(e.Missing, ", "))
+}
+
 // ErrNoConsumerGroup is Trim leaving alone a stream that has no consumer
 // group: nothing says what its consumers have read. A stream reset takes
 // the groups with the stream (they live in its key), and the replay and the
@@ -67,25 +82,76 @@ var ErrNoConsumerGroup = errors.New("the stream has no consumer group: not trimm
 
 // trimOnce trims the stream once and counts what it removed; a failure is
 // logged at debug level (the batches report Redis's faults), a stream left
-// alone for want of a group once at info level.
+// alone for want of a group once at info level. It waits for the groups
+// that stream resets took (recorded in the stream-resets table, or still
+// to be recorded), and records them back once all are.
 func (r *Relay) trimOnce(ctx context.Context) {
-	n, bound, err := Trim(ctx, r.rdb, r.cfg.Stream, r.cfg.Trim, r.cfg.PublishTimeout)
-	if errors.Is(err, ErrNoConsumerGroup) {
-		if !r.trimHeld {
-			r.trimHeld = true
-			r.log.Info("Not trimming the stream: it has no consumer group, and a group created later at 0 must find every entry")
-		}
+	awaited, resets, err := r.awaitedGroups(ctx)
+	if err != nil {
+		r.log.Debug("Not trimming the stream: could not read the groups stream resets took", "error", err.Error())
 		return
 	}
-	r.trimHeld = false
+	n, bound, err := Trim(ctx, r.rdb, r.cfg.Stream, r.cfg.Trim, r.cfg.PublishTimeout, awaited...)
+	var held *GroupsAwaitedError
+	switch {
+	case errors.Is(err, ErrNoConsumerGroup):
+		r.holdTrim("Not trimming the stream: it has no consumer group, and a group created later at 0 must find every entry")
+		return
+	case errors.As(err, &held):
+		r.holdTrim("Not trimming the stream until the consumer groups a stream reset took are back: "+
+			"they read the replayed entries and the backlog from where their consumers create them again",
+			"missing", held.Missing, "release", fmt.Sprintf("UPDATE %s SET groups_back_at = now() WHERE stream = '%s' "+
+				"AND groups_back_at IS NULL (for groups that will not come back)", r.cfg.Table.StreamResetsTable(),
+				strings.ReplaceAll(r.cfg.Stream, "'", "''")))
+		return
+	}
+	r.trimHeld = ""
 	if err != nil {
 		r.log.Debug("Trimming the stream failed, retrying at the next interval", "error", err.Error())
 		return
+	}
+	if len(resets) > 0 {
+		// Every group awaited is back: trimming no longer waits for them.
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := r.cfg.Table.GroupsBack(ctx, r.db, resets); err != nil {
+			r.log.Debug("Could not record the groups back; asking again next time", "error", err.Error())
+		}
 	}
 	if n > 0 {
 		r.cfg.Metrics.stream.Trimmed.Add(float64(n))
 		r.log.Debug("Trimmed the stream", "entries", n, "minID", bound)
 	}
+}
+
+// holdTrim says once, at info level, why the stream is not trimmed.
+func (r *Relay) holdTrim(why string, args ...any) {
+	if r.trimHeld != why {
+		r.trimHeld = why
+		r.log.Info(why, args...)
+	}
+}
+
+// awaitedGroups are the groups that stream resets took and that were not
+// seen back (the stream-resets table's, and those of resets not recorded
+// yet), and the recorded resets they come from.
+func (r *Relay) awaitedGroups(ctx context.Context) ([]string, []int64, error) {
+	var groups []string
+	for _, reset := range r.stream.pendingResets() {
+		groups = append(groups, reset.Groups...)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	recorded, resets, err := r.cfg.Table.AwaitedGroups(ctx, r.db, r.cfg.Stream)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, g := range recorded {
+		if !slices.Contains(groups, g) {
+			groups = append(groups, g)
+		}
+	}
+	return groups, resets, nil
 }
 
 // Trim removes the entries of stream that the policy allows and every
@@ -94,11 +160,13 @@ func (r *Relay) trimOnce(ctx context.Context) {
 // pending entry, from XINFO GROUPS and XPENDING), and runs XTRIM MINID with
 // the lower of the two. It returns the entries removed and the bound.
 //
-// A stream without groups is not trimmed: ErrNoConsumerGroup. A group
+// A stream without groups is not trimmed: ErrNoConsumerGroup; nor one
+// that lacks a group of awaited: GroupsAwaitedError. A group
 // created between the reading of the groups and the XTRIM, at an id below
 // the bound, can miss entries; a group created later at "$" or at the
 // stream's end never can.
-func Trim(ctx context.Context, rdb redis.UniversalClient, stream string, p TrimPolicy, timeout time.Duration) (int64, string, error) {
+func Trim(ctx context.Context, rdb redis.UniversalClient, stream string, p TrimPolicy, timeout time.Duration,
+	awaited ...string) (int64, string, error) {
 	if !p.enabled() {
 		return 0, "", nil
 	}
@@ -108,12 +176,21 @@ func Trim(ctx context.Context, rdb redis.UniversalClient, stream string, p TrimP
 	if err != nil || bound == "" {
 		return 0, "", err
 	}
-	groups, n, err := groupsBound(ctx, rdb, stream, timeout)
+	groups, names, err := groupsBound(ctx, rdb, stream, timeout)
 	if err != nil {
 		return 0, "", err
 	}
-	if n == 0 {
+	if len(names) == 0 {
 		return 0, "", ErrNoConsumerGroup
+	}
+	var missing []string
+	for _, g := range awaited {
+		if !slices.Contains(names, g) {
+			missing = append(missing, g)
+		}
+	}
+	if len(missing) > 0 {
+		return 0, "", &GroupsAwaitedError{Missing: missing}
 	}
 	if compareIDs(groups, bound) < 0 {
 		bound = groups
@@ -160,25 +237,26 @@ func policyBound(ctx context.Context, rdb redis.UniversalClient, stream string, 
 // groupsBound is the lowest id some consumer group of stream still needs:
 // for each group, its oldest pending entry (delivered, not acknowledged)
 // or, with none pending, its last-delivered-id (every entry after it is
-// undelivered). It returns "" and 0 for a stream without groups (or none
-// at all).
-func groupsBound(ctx context.Context, rdb redis.UniversalClient, stream string, timeout time.Duration) (string, int, error) {
+// undelivered), and the groups' names. It returns "" and none for a stream
+// without groups (or none at all).
+func groupsBound(ctx context.Context, rdb redis.UniversalClient, stream string, timeout time.Duration) (string, []string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	groups, err := rdb.XInfoGroups(ctx, stream).Result()
 	if isNoSuchKey(err) {
-		return "", 0, nil
+		return "", nil, nil
 	}
 	if err != nil {
-		return "", 0, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
+		return "", nil, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 	}
-	bound := ""
+	bound, names := "", make([]string, 0, len(groups))
 	for _, g := range groups {
+		names = append(names, g.Name)
 		b := g.LastDeliveredID
 		if g.Pending > 0 {
 			pend, err := rdb.XPending(ctx, stream, g.Name).Result()
 			if err != nil {
-				return "", 0, fmt.Errorf("XPENDING %s %s: %w", stream, g.Name, err)
+				return "", nil, fmt.Errorf("XPENDING %s %s: %w", stream, g.Name, err)
 			}
 			if pend.Count > 0 && compareIDs(pend.Lower, b) < 0 {
 				b = pend.Lower
@@ -188,5 +266,5 @@ func groupsBound(ctx context.Context, rdb redis.UniversalClient, stream string, 
 			bound = b
 		}
 	}
-	return bound, len(groups), nil
+	return bound, names, nil
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // addEntries adds n entries to stream and returns their ids.
@@ -145,4 +147,59 @@ func TestRelayTrims(t *testing.T) {
 	require.NoError(t, b.rdb.XGroupCreate(context.Background(), b.stream, "read-everything", "$").Err())
 	waitFor(t, "trimmed", func() bool { return b.streamLen(t) == 25 })
 	waitFor(t, "trimmed entries counted", func() bool { return testutilCounter(r.cfg.Metrics.stream.Trimmed) == 175 })
+}
+
+// TestTrimWaitsForEveryGroupAResetTook: two consumer groups have read the
+// stream when it is lost (FLUSHALL takes the groups with it); the relay
+// records the reset with both groups. Once "workers" is back at 0 and has
+// read everything, the stream must not be trimmed by its position while
+// "audit" is still down: audit, created again at 0, has to find every
+// entry. Once both are back the reset stops holding trimming, for good.
+func TestTrimWaitsForEveryGroupAResetTook(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	r := b.newRelay(t, Config{BatchSize: 10, Trim: TrimPolicy{MaxLen: 5, Interval: time.Hour}})
+	b.insert(t, 20)
+	b.drain(t, r)
+	for _, g := range []string{"workers", "audit"} {
+		require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, g, "$").Err())
+	}
+	r.checkStream(ctx)
+	r.checkGroups(ctx)
+
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	r.checkGroups(ctx) // a look at the groups before the reset is noticed
+	after := b.insert(t, 20)
+	b.drain(t, r)
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+	r.trimOnce(ctx) // the reset not recorded yet: no groups at all
+	r.recordResets(ctx)
+	awaited, _, err := b.table.AwaitedGroups(ctx, b.db, b.stream)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"workers", "audit"}, awaited)
+
+	readAll := func(group string) {
+		t.Helper()
+		require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, group, "0").Err())
+		s, err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c", Streams: []string{b.stream, ">"}}).Result()
+		require.NoError(t, err)
+		for _, m := range s[0].Messages {
+			require.NoError(t, b.rdb.XAck(ctx, b.stream, group, m.ID).Err())
+		}
+	}
+	readAll("workers")
+	r.trimOnce(ctx)
+	require.EqualValues(t, 20, b.streamLen(t), "trimmed while audit is away")
+	require.Contains(t, r.trimHeld, "are back")
+
+	readAll("audit")
+	requireAtLeastOnce(t, b.readStream(t, b.stream), after)
+	r.trimOnce(ctx)
+	require.EqualValues(t, 5, b.streamLen(t), "both back and done: trimmed to the policy")
+	awaited, _, err = b.table.AwaitedGroups(ctx, b.db, b.stream)
+	require.NoError(t, err)
+	require.Empty(t, awaited, "the reset's groups recorded back")
 }

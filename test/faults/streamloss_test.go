@@ -307,15 +307,26 @@ func TestStreamMadeAgainByANewRelay(t *testing.T) {
 }
 
 // TestTrimmingAfterAResetWaitsForTheGroups: trimming on (`--trim-max-len
-// 200`, every 100 ms) and `--auto-replay`; the consumer group has read and
-// acknowledged everything, so the stream is trimmed as it grows. FLUSHALL
-// mid-drain takes the group with the stream; the consumers are down (a
-// rollout) while the relay replays the window and drains the rest into a
-// stream without groups. When they come back and create their group at 0,
-// every event must be there: trimmed by the policy alone, the stream kept
-// only its last 200 entries.
+// 200`, every 100 ms) and `--auto-replay`; two consumer groups have read
+// and acknowledged everything, so the stream is trimmed as it grows.
+// FLUSHALL mid-drain takes the groups with the stream; the relay replays
+// the window and drains the rest. In "none back" both groups' consumers
+// are down meanwhile (a rollout); in "one of two back" the workers create
+// theirs again at 0 and keep up, while the audit consumers stay down. When
+// the groups that are away come back at 0, every event must be there:
+// trimmed by the policy alone (none back), the stream kept only its last
+// 200 entries; trimmed by the groups that are back (one of two), the same.
 func TestTrimmingAfterAResetWaitsForTheGroups(t *testing.T) {
 	t.Parallel()
+	for _, workersBack := range []bool{false, true} {
+		t.Run(map[bool]string{false: "none back", true: "one of two back"}[workersBack], func(t *testing.T) {
+			t.Parallel()
+			trimmingAfterAReset(t, workersBack)
+		})
+	}
+}
+
+func trimmingAfterAReset(t *testing.T, workersBack bool) {
 	events := sized(3000, 20000)
 	oc := startOutboxCase(t)
 	pg, env, stream, conn, rdb := oc.pg, oc.env, oc.stream, oc.conn, oc.rdb
@@ -324,30 +335,48 @@ func TestTrimmingAfterAResetWaitsForTheGroups(t *testing.T) {
 	prod := startProducers(t, producerConfig{
 		dsn: pg.DSN(), conns: 2, events: events, rate: sized(1500.0, 3000.0), insert: insertInto("outbox_events"),
 	})
-	// The consumers: a group that has read and acknowledged everything so
-	// far (XGROUP SETID to the end), so the relay trims.
-	eventually(t, time.Minute, "the stream trimmed while the group keeps up", func() error {
-		if err := rdb.XGroupCreateMkStream(t.Context(), stream, "workers", "$").Err(); err != nil && !isBusyGroup(err) {
+	// keepUp moves a group to the stream's end, as consumers that read and
+	// acknowledged everything so far.
+	keepUp := func(group, from string) error {
+		if err := rdb.XGroupCreateMkStream(t.Context(), stream, group, from).Err(); err != nil && !isBusyGroup(err) {
 			return err
 		}
-		if err := rdb.XGroupSetID(t.Context(), stream, "workers", "$").Err(); err != nil {
-			return err
+		return rdb.XGroupSetID(t.Context(), stream, group, "$").Err()
+	}
+	eventually(t, time.Minute, "the stream trimmed while the groups keep up", func() error {
+		for _, g := range []string{"workers", "audit"} {
+			if err := keepUp(g, "$"); err != nil {
+				return err
+			}
 		}
 		if relay.metric("outbox_relay_stream_trimmed_entries_total") < 1 {
 			return fmt.Errorf("nothing trimmed yet")
 		}
 		return nil
 	})
-	require.NoError(t, rdb.FlushAll(t.Context()).Err()) // the group goes with the stream
+	time.Sleep(500 * time.Millisecond)                  // the relay's look at the groups, every 200 ms, sees both
+	require.NoError(t, rdb.FlushAll(t.Context()).Err()) // the groups go with the stream
 	eventually(t, time.Minute, "the reset replayed", func() error {
 		if relay.metric("outbox_relay_events_replayed_total") < 1 {
 			return fmt.Errorf("nothing replayed yet")
 		}
 		return nil
 	})
+	keptUp := make(chan struct{})
+	go func() {
+		defer close(keptUp)
+		for workersBack && t.Context().Err() == nil && prod.committedCount() < events {
+			_ = keepUp("workers", "0")
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
 	prod.wait(t)
+	<-keptUp
 	waitDrained(t, conn, "outbox_events", 5*time.Minute)
-	// The consumers stay down for twenty trim intervals after the drain.
+	if workersBack {
+		require.NoError(t, keepUp("workers", "0"))
+	}
+	// The groups away stay down for twenty trim intervals after the drain.
 	time.Sleep(2 * time.Second)
 	replayed, trimmed := relay.metric("outbox_relay_events_replayed_total"), relay.metric("outbox_relay_stream_trimmed_entries_total")
 	relay.stop(t, time.Minute)
