@@ -29,9 +29,63 @@ func (t *Table) StreamResetsTable() string {
 // StreamResetsDDL creates only the stream-resets table.
 func (t *Table) StreamResetsDDL() string { return t.resets(streamResetsDDL) }
 
-// resets fills a statement on the stream-resets table.
+// StreamStateTableName is the name of the table, beside the outbox table,
+// where relays record what they last saw of their stream (StreamState).
+func (t *Table) StreamStateTableName() string { return t.objectName("stream_state") }
+
+// resets fills a statement on the stream-resets table (%[14]s) and the
+// stream-state table (%[15]s).
 func (t *Table) resets(tmpl string) string {
-	return t.format(tmpl, t.qualified(t.StreamResetsTableName()))
+	return t.format(tmpl, t.qualified(t.StreamResetsTableName()), t.qualified(t.StreamStateTableName()))
+}
+
+// StreamState is what the relays last saw of a stream, kept in PostgreSQL
+// so that a relay started later (after a time with no relay at all: scaled
+// to zero, suspended, or moved to another Redis) can tell that the stream
+// went back in time meanwhile, as one that ran throughout would.
+type StreamState struct {
+	Stream string
+	// LastID is the highest id seen, EntriesAdded the stream's count of
+	// entries ever added (Redis 7; 0 before).
+	LastID       string
+	EntriesAdded int64
+	// FirstMs is the time of the oldest entry, ConsumedMs the time below
+	// which every group had read and acknowledged (ms since the epoch).
+	FirstMs, ConsumedMs int64
+	// Groups are the stream's consumer groups.
+	Groups []string
+}
+
+// ReadStreamState reads what the relays last saw of stream; ok is false
+// when nothing is recorded (or there is no table yet).
+func (t *Table) ReadStreamState(ctx context.Context, q Querier, stream string) (s StreamState, ok bool, err error) {
+	s.Stream = stream
+	err = q.QueryRow(ctx, t.resets(readStreamStateSQL), stream).Scan(&s.LastID, &s.EntriesAdded, &s.FirstMs, &s.ConsumedMs, &s.Groups)
+	var pgErr *pgconn.PgError
+	if errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
+		return StreamState{}, false, nil
+	}
+	if err != nil {
+		return StreamState{}, false, fmt.Errorf("reading the stream's state from %s: %w", t.StreamStateTableName(), t.classify(err))
+	}
+	return s, true, nil
+}
+
+// WriteStreamState records what a relay saw of a stream.
+func (t *Table) WriteStreamState(ctx context.Context, q Querier, s StreamState) error {
+	_, err := q.Exec(ctx, t.resets(writeStreamStateSQL), s.Stream, s.LastID, s.EntriesAdded, s.FirstMs, s.ConsumedMs, s.Groups)
+	if err != nil {
+		return fmt.Errorf("recording the stream's state in %s: %w", t.StreamStateTableName(), t.classify(err))
+	}
+	return nil
+}
+
+// ForgetStreamState forgets what was seen of a stream that is gone.
+func (t *Table) ForgetStreamState(ctx context.Context, q Querier, stream string) error {
+	if _, err := q.Exec(ctx, t.resets(forgetStreamStateSQL), stream); err != nil {
+		return fmt.Errorf("forgetting the stream's state in %s: %w", t.StreamStateTableName(), t.classify(err))
+	}
+	return nil
 }
 
 // StreamReset is a window of dispatch times whose events may be missing

@@ -270,7 +270,33 @@ DO $ddl$ BEGIN
 		ALTER TABLE %[14]s ADD COLUMN IF NOT EXISTS groups text[] NULL,
 			ADD COLUMN IF NOT EXISTS groups_back_at timestamptz NULL;
 	END IF;
-END $ddl$;`
+END $ddl$;
+CREATE TABLE IF NOT EXISTS %[15]s (
+	stream text PRIMARY KEY,
+	last_id text NOT NULL,
+	entries_added bigint NOT NULL,
+	first_ms bigint NOT NULL,
+	consumed_ms bigint NOT NULL,
+	groups text[] NULL,
+	updated_at timestamptz NOT NULL DEFAULT now()
+);`
+
+	// readStreamStateSQL (with %[15]s the stream-state table) reads what the
+	// relays last saw of stream $1.
+	readStreamStateSQL = `SELECT last_id, entries_added, first_ms, consumed_ms, coalesce(groups, '{}') FROM %[15]s WHERE stream = $1`
+
+	// writeStreamStateSQL (with %[15]s the stream-state table) records what
+	// a relay saw of a stream, replacing what was there: the relays write
+	// what they saw a moment ago, after their own look for a reset.
+	writeStreamStateSQL = `INSERT INTO %[15]s AS s (stream, last_id, entries_added, first_ms, consumed_ms, groups)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (stream) DO UPDATE SET last_id = excluded.last_id, entries_added = excluded.entries_added,
+	first_ms = excluded.first_ms, consumed_ms = excluded.consumed_ms, groups = excluded.groups, updated_at = now()`
+
+	// forgetStreamStateSQL (with %[15]s the stream-state table) forgets a
+	// stream that is gone (its reset recorded): a stream made anew is not
+	// one more reset.
+	forgetStreamStateSQL = `DELETE FROM %[15]s WHERE stream = $1`
 
 	// recordStreamResetSQL (with %[14]s the resets table) records one reset
 	// and returns the window recorded. A replay of stream $1 after $2 (a

@@ -134,10 +134,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		"pollInterval", r.cfg.PollInterval.String(), "inFlight", r.cfg.InFlight, "ordering", string(r.cfg.Ordering),
 		"cleanupMode", r.cfg.Dispatch.String(), "source", string(r.cfg.Source))
 	r.ensureDeadLetterTable(ctx)
-	listenCtx, stopListening := context.WithCancel(ctx)
+	saved := r.loadStreamState(ctx) // before any batch looks at the stream
+	// The background ends after the batches: the last of them can still
+	// find a stream reset, which the watch must record before Run returns.
+	listenCtx, stopListening := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
 	background.Go(func() { r.listen(listenCtx) })
-	background.Go(func() { r.watchStream(listenCtx) }) // stream resets, trimming (streamloss.go, trim.go)
+	background.Go(func() { r.watchStream(listenCtx, saved) }) // stream resets, trimming (streamloss.go, trim.go)
 
 	switch {
 	case r.cfg.Source == SourceLogicalReplication:

@@ -283,6 +283,82 @@ func (g *streamGuard) setGroups(bound string, names []string) {
 	}
 }
 
+// restore takes in what the relays last saw of the stream (recorded in
+// PostgreSQL), when this relay has not seen it yet: so its first look
+// finds a reset that happened while no relay ran. ownID stays unknown.
+func (g *streamGuard) restore(s outbox.StreamState) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.known {
+		return
+	}
+	g.known, g.lastID, g.entriesAdded, g.firstMs, g.consumedMs = true, s.LastID, s.EntriesAdded, s.FirstMs, s.ConsumedMs
+	if len(g.groups) == 0 {
+		g.groups = s.Groups
+	}
+}
+
+// state is what the relay knows of the stream, for the stream-state table;
+// ok is false when it knows nothing (it never saw the stream, or saw it go).
+func (g *streamGuard) state(stream string) (s outbox.StreamState, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.known {
+		return outbox.StreamState{}, false
+	}
+	return outbox.StreamState{Stream: stream, LastID: g.lastID, EntriesAdded: g.entriesAdded, FirstMs: g.firstMs,
+		ConsumedMs: g.consumedMs, Groups: slices.Clone(g.groups)}, true
+}
+
+// loadStreamState restores what the relays last saw of the stream, before
+// the first batch looks at it. Without it (no table, no row, or
+// PostgreSQL not answering) the relay starts knowing nothing, as before.
+// It returns what it restored (the zero value: nothing).
+func (r *Relay) loadStreamState(ctx context.Context) outbox.StreamState {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, ok, err := r.cfg.Table.ReadStreamState(ctx, r.db, r.cfg.Stream)
+	if err != nil {
+		r.log.Warn("Could not read what the relays last saw of the stream; "+
+			"a stream reset while no relay ran will not be noticed", "error", err.Error())
+		return outbox.StreamState{}
+	}
+	if ok {
+		r.stream.restore(s)
+		r.log.Debug("Restored what the relays last saw of the stream", "lastID", s.LastID, "entriesAdded", s.EntriesAdded)
+	}
+	return s
+}
+
+// saveStreamState records what the relay knows of the stream, right after
+// a look at it, when that changed since the last save or restore (saved,
+// which it updates; the zero value: nothing recorded); a stream seen gone
+// (its reset reported) is forgotten, so that a stream made anew is not
+// taken for one more reset.
+func (r *Relay) saveStreamState(ctx context.Context, saved *outbox.StreamState) {
+	s, ok := r.stream.state(r.cfg.Stream)
+	if ok && saved != nil && s.LastID == saved.LastID && s.EntriesAdded == saved.EntriesAdded &&
+		s.FirstMs == saved.FirstMs && s.ConsumedMs == saved.ConsumedMs && slices.Equal(s.Groups, saved.Groups) {
+		return
+	}
+	if !ok && saved != nil && saved.Stream == "" {
+		return // forgotten already
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var err error
+	if ok {
+		err = r.cfg.Table.WriteStreamState(ctx, r.db, s)
+	} else {
+		err = r.cfg.Table.ForgetStreamState(ctx, r.db, r.cfg.Stream)
+	}
+	if err != nil {
+		r.log.Debug("Could not record what the relay saw of the stream; trying again", "error", err.Error())
+		return
+	}
+	*saved = s
+}
+
 // pendingResets returns a copy of the resets not yet recorded.
 func (g *streamGuard) pendingResets() []outbox.StreamReset {
 	g.mu.Lock()
@@ -310,8 +386,10 @@ func (g *streamGuard) requeue(p []outbox.StreamReset) {
 // StreamCheckInterval it looks at the stream for a reset, reads the
 // consumer groups' positions, trims the stream by the policy (trim.go),
 // records the resets found in the stream-resets table and, with
-// AutoReplay, replays their windows.
-func (r *Relay) watchStream(ctx context.Context) {
+// AutoReplay, replays their windows, and records what it saw of the stream
+// (saved: what was restored at the start). At the end it looks once more,
+// records and saves: the caller ends ctx after the last batch.
+func (r *Relay) watchStream(ctx context.Context, saved outbox.StreamState) {
 	resetsTable := false
 	tick := time.NewTicker(min(r.cfg.StreamCheckInterval, r.cfg.Trim.Interval))
 	defer tick.Stop()
@@ -331,9 +409,17 @@ func (r *Relay) watchStream(ctx context.Context) {
 			resetsTable = r.ensureStreamResetsTable(ctx)
 		}
 		r.recordResets(ctx)
+		if resetsTable && lastCheck.Equal(now) {
+			r.saveStreamState(ctx, &saved)
+		}
 		select {
 		case <-ctx.Done():
-			r.recordResets(context.WithoutCancel(ctx))
+			final := context.WithoutCancel(ctx)
+			r.checkStream(final)
+			r.recordResets(final)
+			if resetsTable {
+				r.saveStreamState(final, &saved)
+			}
 			return
 		case <-tick.C:
 		case <-r.stream.found: // a reset found by a batch: record it now

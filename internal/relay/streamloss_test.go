@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -559,4 +560,113 @@ func TestStreamResetWindowCoversAGroupThatStartsOver(t *testing.T) {
 	_, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: *p.WindowStart, Until: p.WindowEnd.Add(time.Second)})
 	require.NoError(t, err)
 	requireAtLeastOnce(t, b.readStream(t, b.stream), append([]string{oldID}, ids...))
+}
+
+// TestStreamResetWhileNoRelayRanIsFound: the relays publish and stop (the
+// operator scales them to zero on an empty backlog, or the OutboxRelay is
+// suspended); Redis restarts empty meanwhile. The relay started for the
+// next rows never saw the stream, but the relays recorded what they saw of
+// it in PostgreSQL: it finds the reset, records it, and the replay puts
+// every event back. A review found it unnoticed: no reset recorded, the
+// events gone for good.
+func TestStreamResetWhileNoRelayRanIsFound(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	cfg := Config{BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond}
+	stop := runInBackground(t, b.newRelay(t, cfg))
+	ids := b.insert(t, 12)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) == 12 })
+	require.NoError(t, stop())
+
+	rs.Stop(t)
+	rs.Start(t) // no persistence: empty
+	r := b.newRelay(t, cfg)
+	stop = runInBackground(t, r)
+	more := b.insert(t, 2)
+	waitFor(t, "the reset recorded", func() bool { return b.pendingResets(t).Count == 1 })
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 })
+	require.NoError(t, stop())
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+
+	p := b.pendingResets(t)
+	_, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: *p.WindowStart, Until: p.WindowEnd.Add(time.Second)})
+	require.NoError(t, err)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), append(ids, more...))
+
+	// The stream made anew is no reset for the next relay.
+	stop = runInBackground(t, b.newRelay(t, cfg))
+	b.insert(t, 1)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 })
+	require.NoError(t, stop())
+	require.Zero(t, b.pendingResets(t).Count, "no reset after the replay")
+}
+
+// TestRedisSwitchedToALaggingReplicaIsFound: the relays are moved to
+// another Redis (its URL Secret changed: the pods roll) that holds the
+// stream without its last entries, a replica that lagged. The new relays
+// never saw the old stream; what the relays recorded of it tells them its
+// last id went back.
+func TestRedisSwitchedToALaggingReplicaIsFound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, bundleOpts{redisURL: testenv.StartRedis(t).URL()})
+	cfg := Config{BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond}
+	stop := runInBackground(t, b.newRelay(t, cfg))
+	b.insert(t, 20)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) == 20 })
+	require.NoError(t, stop())
+
+	replica := setup(t, bundleOpts{dsn: b.dsn, redisURL: testenv.StartRedis(t).URL()})
+	replica.stream = b.stream
+	entries, err := b.rdb.XRange(ctx, b.stream, "-", "+").Result()
+	require.NoError(t, err)
+	for _, e := range entries[:12] {
+		require.NoError(t, replica.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, ID: e.ID, Values: e.Values}).Err())
+	}
+	stop = runInBackground(t, replica.newRelay(t, cfg))
+	replica.insert(t, 3)
+	waitFor(t, "the reset recorded", func() bool { return replica.pendingResets(t).Count == 1 })
+	require.NoError(t, stop())
+}
+
+// TestResetFoundByTheLastBatchAtShutdownIsRecorded: a relay is stopped
+// while a claimed batch waits for the publisher, and the stream was flushed
+// meanwhile. The publisher finishes that batch after the stop, and the
+// batch's own look finds the reset: it must be recorded before Run
+// returns. A review found the stream watch gone at the stop (its context
+// was a child of Run's): the reset logged and counted, never recorded.
+func TestResetFoundByTheLastBatchAtShutdownIsRecorded(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	var block atomic.Bool
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: time.Hour})
+	r.testHookBeforePublish = func([]outbox.Event) error {
+		if block.CompareAndSwap(true, false) {
+			held <- struct{}{}
+			<-release
+		}
+		return nil
+	}
+	stop := runInBackground(t, r)
+	ids := b.insert(t, 20)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 20 })
+
+	block.Store(true)
+	b.insert(t, 1) // claimed, then held before its publish
+	<-held
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	time.Sleep(500 * time.Millisecond) // the stop under way
+	close(release)
+	require.NoError(t, <-stopped)
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets), "the last batch found the reset")
+	require.Less(t, len(b.readStream(t, b.stream)), len(ids), "the flush lost the events")
+	require.Equal(t, int64(1), b.pendingResets(t).Count, "recorded before Run returned")
 }

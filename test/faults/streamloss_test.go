@@ -189,6 +189,50 @@ func TestCleanupBeforeTheReplay(t *testing.T) {
 	})
 }
 
+// TestRedisRestartedWhileNoRelayRan: the relay drains half of the events
+// and stops (SIGTERM: the operator scales an idle OutboxRelay to zero, or
+// it is suspended); Redis, without persistence, is SIGKILLed and restarted
+// empty; then the producers write the rest and a new relay starts (the
+// scale-up). That relay never saw the stream: it finds the reset by what
+// the relays recorded of the stream in PostgreSQL (<table>_stream_state),
+// and `relay replay --pending` leaves nothing lost. Before, nothing was
+// found: the first half stayed lost, with no reset recorded.
+func TestRedisRestartedWhileNoRelayRan(t *testing.T) {
+	t.Parallel()
+	events := sized(3000, 30000)
+	oc := startOutboxCase(t)
+	pg, rs, env, stream, conn, rdb := oc.pg, oc.rs, oc.env, oc.stream, oc.conn, oc.rdb
+	args := []string{"--stream", stream, "--batch-size", "100", "--stream-check-interval", "200ms"}
+	relay := startRelay(t, "A", env, args...)
+	first := startProducers(t, producerConfig{
+		dsn: pg.DSN(), conns: 2, events: events / 2, rate: sized(1500.0, 3000.0), insert: insertInto("outbox_events"),
+	})
+	first.wait(t)
+	waitDrained(t, conn, "outbox_events", 5*time.Minute)
+	relay.stop(t, time.Minute) // scaled to zero
+	rs.Kill(t)
+	rs.Start(t)
+
+	relay = startRelay(t, "B", env, args...) // scaled up for the next rows
+	second := startProducers(t, producerConfig{
+		dsn: pg.DSN(), conns: 2, events: events - events/2, rate: sized(1500.0, 3000.0), insert: insertInto("outbox_events"),
+	})
+	detected := eventually(t, time.Minute, "the reset reported", func() error {
+		if relay.metric("outbox_relay_stream_resets_total") < 1 {
+			return fmt.Errorf("no reset counted")
+		}
+		return nil
+	})
+	second.wait(t)
+	waitDrained(t, conn, "outbox_events", 5*time.Minute)
+	relay.stop(t, time.Minute)
+	committed := append(first.committed(), second.committed()...)
+	before := checkStream(t, rdb, stream, committed)
+	require.Positive(t, before.Lost, "the fault lost no entry: the case tests nothing")
+	rep := replayResets(t, env, []string{"replay", "--stream", stream, "--pending", "--output", "json"})
+	requireNothingLostAfterReplay(t, rdb, stream, committed, before, rep, detected)
+}
+
 // TestEvictingRedis: a Redis with maxmemory and allkeys-lru can drop the
 // stream whenever it fills up. The relay says so at start, before it has
 // published anything (the durability check, gauge outbox_relay_redis_check),
