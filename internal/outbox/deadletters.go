@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-dev/outbox-operator/internal/pgtx"
@@ -231,4 +233,28 @@ func (t *Table) CountDeadLetters(ctx context.Context, q Querier) (int64, error) 
 		return 0, t.classifyDeadLetters(err)
 	}
 	return n, nil
+}
+
+// ParkedAmong returns which of the event ids have a parked copy in the
+// dead-letter table (none when there is no such table).
+func (t *Table) ParkedAmong(ctx context.Context, q Querier, ids []string) (map[string]bool, error) {
+	parked := map[string]bool{}
+	for chunk := range slices.Chunk(ids, 10000) {
+		rows, err := q.Query(ctx, t.format(parkedAmongSQL), chunk)
+		if err == nil {
+			var id string
+			_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+				parked[id] = true
+				return nil
+			})
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
+			return parked, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("looking for parked rows in %s: %w", t.DeadLetterTable(), t.classify(err))
+		}
+	}
+	return parked, nil
 }

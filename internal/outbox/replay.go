@@ -103,6 +103,23 @@ type StreamReset struct {
 	// far as the relay knew: the reset took them with the stream, and
 	// trimming waits until they are all back (AwaitedGroups).
 	Groups []string
+	// RunningBelow, set by RecordStreamReset, is a full transaction id
+	// above that of every transaction running when the reset was recorded
+	// (the record's own):
+	// a batch of any relay that added its entries to the lost stream and
+	// had not committed is one of them, and a replay must not read the
+	// table before it ended (TransactionsEndedBelow).
+	RunningBelow int64
+}
+
+// TransactionsEndedBelow reports whether every transaction with an id
+// below xid (a full transaction id) has ended.
+func (t *Table) TransactionsEndedBelow(ctx context.Context, q Querier, xid int64) (bool, error) {
+	var ended bool
+	if err := q.QueryRow(ctx, endedBelowSQL, xid).Scan(&ended); err != nil {
+		return false, fmt.Errorf("asking whether the transactions below %d ended: %w", xid, t.classify(err))
+	}
+	return ended, nil
 }
 
 // EnsureStreamResetsTable creates the stream-resets table if it is missing
@@ -122,7 +139,7 @@ func (t *Table) EnsureStreamResetsTable(ctx context.Context, db pgtx.Beginner) e
 // clock; the relay's may be behind it).
 func (t *Table) RecordStreamReset(ctx context.Context, q Querier, r StreamReset) (StreamReset, error) {
 	err := q.QueryRow(ctx, t.resets(recordStreamResetSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason, r.Groups).
-		Scan(&r.WindowStart, &r.WindowEnd)
+		Scan(&r.WindowStart, &r.WindowEnd, &r.RunningBelow)
 	if err != nil {
 		return r, fmt.Errorf("recording a stream reset in %s: %w", t.StreamResetsTable(), err)
 	}

@@ -242,6 +242,9 @@ FOR UPDATE SKIP LOCKED`
 	// refuseDeadLetterSQL records a retry that failed again.
 	refuseDeadLetterSQL = `UPDATE %[11]s SET reason = $2, attempts = attempts + 1 WHERE id = $1`
 
+	// parkedAmongSQL lists which of the event ids $1 have a parked copy.
+	parkedAmongSQL = `SELECT DISTINCT event_id FROM %[11]s WHERE event_id = ANY($1::text[])`
+
 	// countDeadLettersSQL counts parked rows.
 	countDeadLettersSQL = `SELECT count(*) FROM %[11]s`
 
@@ -309,7 +312,11 @@ ON CONFLICT (stream) DO UPDATE SET last_id = excluded.last_id, entries_added = e
 	recordStreamResetSQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason, groups)
 SELECT $1, least($2::timestamptz, (SELECT min(window_start) FROM %[14]s WHERE stream = $1 AND replayed_at >= $2::timestamptz)),
 	greatest($3::timestamptz, now()), $4, $5::text[]
-RETURNING window_start, window_end`
+RETURNING window_start, window_end, pg_current_xact_id()::text::bigint`
+
+	// endedBelowSQL says whether every transaction with an id below $1 has
+	// ended.
+	endedBelowSQL = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= $1::bigint`
 
 	// awaitedGroupsSQL (with %[14]s the resets table) lists the resets of
 	// stream $1 whose consumer groups were not all seen back yet, with

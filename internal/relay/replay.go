@@ -98,8 +98,9 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 		read, by = table.Created, "created_at"
 	}
 	page := outbox.Limit{Rows: cmp.Or(o.BatchSize, DefaultBatchSize), Bytes: cmp.Or(o.BatchBytes, DefaultBatchBytes)}
+	var skippedIDs []string
 	err := read(ctx, db, o.Since, o.Until, page, func(events []outbox.Event) error {
-		n, skipped, err := r.replayPage(ctx, rdb, events)
+		n, skipped, err := r.replayPage(ctx, rdb, events, &skippedIDs)
 		res.Republished += n
 		res.Skipped += skipped
 		if n > 0 {
@@ -116,6 +117,8 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 	if err != nil {
 		return res, fmt.Errorf("replaying %s: %w", o.Stream, err)
 	}
+	// Rows skipped that no relay parked keep the resets pending (below).
+	unparked := notParked(ctx, table, db, skippedIDs, r.cfg.MaxPayloadBytes)
 	// A window from the epoch (ReplayWindow of a slot's relay) asks for
 	// every row kept: none older can be missing from it.
 	// A hint, best effort: its failure does not undo the replay.
@@ -136,6 +139,9 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 			return res, err
 		}
 	}
+	if unparked != nil {
+		return res, fmt.Errorf("replaying %s: %w", o.Stream, unparked)
+	}
 	markSince := o.Since
 	if !o.MarkSince.IsZero() {
 		markSince = o.MarkSince
@@ -144,9 +150,38 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 	return res, err
 }
 
+// notParked fails when a row the replay skipped (over maxPayload or
+// Redis's proto-max-bulk-len, or malformed) has no parked copy: the relays
+// published it (with a larger --max-payload-bytes, or to a Redis that took
+// it), so its event may be lost with the stream, and the resets must stay
+// pending until a replay that can publish it.
+func notParked(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, skipped []string, maxPayload int) error {
+	if len(skipped) == 0 {
+		return nil
+	}
+	parked, err := table.ParkedAmong(ctx, db, skipped)
+	if err != nil {
+		return err
+	}
+	var missing []string
+	for _, id := range skipped {
+		if !parked[id] {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d rows of the window were not republished (over --max-payload-bytes %d, over Redis's proto-max-bulk-len, "+
+		"or malformed), though no relay parked them, e.g. %s: the relays published them, with a larger limit; "+
+		"replay with the relays' --max-payload-bytes (the stream resets stay pending)", len(missing), maxPayload, missing[0])
+}
+
 // replayPage adds one page's publishable events in one pipeline and
-// returns how many went out and how many were skipped.
-func (r *Relay) replayPage(ctx context.Context, rdb redis.UniversalClient, events []outbox.Event) (int64, int64, error) {
+// returns how many went out and how many were skipped, whose ids it adds
+// to skippedIDs.
+func (r *Relay) replayPage(ctx context.Context, rdb redis.UniversalClient, events []outbox.Event,
+	skippedIDs *[]string) (int64, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 	bulk := r.bulkLimit.get(ctx, rdb)
@@ -160,6 +195,7 @@ func (r *Relay) replayPage(ctx context.Context, rdb redis.UniversalClient, event
 	for _, e := range events {
 		if r.unpublishable(e, bulk) != "" {
 			skipped++
+			*skippedIDs = append(*skippedIDs, e.ID)
 			continue
 		}
 		if keyed {

@@ -481,9 +481,17 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	// A batch may have added its entries to the stream before it was lost
 	// and not have committed yet: the replay's read would not see its rows,
 	// and the reset would be marked replayed without them. So it waits for
-	// this relay's batches in flight. (Another relay's such batch: that
-	// relay finds the reset too, and its own replay comes after the batch.)
+	// this relay's batches in flight, and for every transaction that was
+	// running when the reset was recorded (another relay's such batch, which
+	// may stop before it finds the reset itself), at most as long as a
+	// batch lasts: a batch claimed before the reset was found commits by
+	// then or not at all.
+	deadline := time.Now().Add(r.batchTimeout() + passSlack)
 	r.open.wait(ctx)
+	r.waitTransactionsBelow(ctx, reset.RunningBelow, deadline)
+	if ctx.Err() != nil {
+		return // the reset stays pending, for a replay by hand
+	}
 	created := r.cfg.Source == SourceLogicalReplication
 	since, until := ReplayWindow(reset.WindowStart, reset.WindowEnd, created)
 	floor := time.Now().Add(-r.cfg.AutoReplayMaxWindow)
@@ -514,6 +522,19 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 		"until", until.Format(time.RFC3339), "republished", res.Republished, "skipped", res.Skipped)
 	if res.Incomplete != "" {
 		r.log.Warn("The replayed window may have lost events for good", "reason", res.Incomplete)
+	}
+}
+
+// waitTransactionsBelow waits until every transaction with an id below xid
+// has ended, ctx ends or the deadline passes (a long transaction elsewhere
+// on the server holds the oldest running id back).
+func (r *Relay) waitTransactionsBelow(ctx context.Context, xid int64, deadline time.Time) {
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		ended, err := r.cfg.Table.TransactionsEndedBelow(ctx, r.db, xid)
+		if err == nil && ended {
+			return
+		}
+		sleep(ctx, 50*time.Millisecond, nil)
 	}
 }
 

@@ -670,3 +670,88 @@ func TestResetFoundByTheLastBatchAtShutdownIsRecorded(t *testing.T) {
 	require.Less(t, len(b.readStream(t, b.stream)), len(ids), "the flush lost the events")
 	require.Equal(t, int64(1), b.pendingResets(t).Count, "recorded before Run returned")
 }
+
+// TestReplayKeepsTheResetWhenItSkipsRowsNobodyParked: the relays publish a
+// payload over the replay's --max-payload-bytes (they run with a larger
+// one); the stream is lost. A replay with the smaller limit skips that row
+// as unpublishable: it must say so and leave the reset pending, not mark
+// it replayed (a review found the event lost for good that way). A replay
+// with the relays' limit then puts everything back and marks it. A row
+// the relays parked is skipped without a word, as before.
+func TestReplayKeepsTheResetWhenItSkipsRowsNobodyParked(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	r := b.newRelay(t, Config{BatchSize: 10, MaxPayloadBytes: 100_000, StreamCheckInterval: 50 * time.Millisecond})
+	stop := runInBackground(t, r)
+	var bigID, parkedID string
+	require.NoError(t, b.db.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload)
+		VALUES ('big', repeat('x', 60000)) RETURNING id::text`).Scan(&bigID))
+	require.NoError(t, b.db.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload)
+		VALUES ('huge', repeat('x', 200000)) RETURNING id::text`).Scan(&parkedID))
+	ids := append(b.insert(t, 5), bigID)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 6 })
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	waitFor(t, "the reset recorded", func() bool { return b.pendingResets(t).Count == 1 })
+	require.NoError(t, stop())
+	p := b.pendingResets(t)
+
+	opts := ReplayOptions{Stream: b.stream, Since: *p.WindowStart, Until: p.WindowEnd.Add(time.Second), MaxPayloadBytes: 50_000}
+	res, err := Replay(ctx, b.table, b.db, b.rdb, opts)
+	require.ErrorContains(t, err, "1 rows of the window were not republished")
+	require.ErrorContains(t, err, bigID)
+	require.Zero(t, res.ResetsReplayed)
+	require.EqualValues(t, 1, b.pendingResets(t).Count, "the reset stays pending")
+
+	opts.MaxPayloadBytes = 100_000
+	res, err = Replay(ctx, b.table, b.db, b.rdb, opts)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.ResetsReplayed)
+	require.EqualValues(t, 1, res.Skipped, "the parked row")
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
+
+// TestAutoReplayWaitsForAnotherRelaysBatch: relay B's batch has added its
+// entries to the stream and not committed when the stream is flushed.
+// Relay A (--auto-replay) finds the reset and records it; its replay must
+// not read the table before B's batch ended: B's rows, committed a moment
+// later, are in the window, and B stops before it looks at the stream
+// again. A review found A's replay done and the reset marked replayed
+// before B's commit: B's events lost for good.
+func TestAutoReplayWaitsForAnotherRelaysBatch(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	var paused atomic.Bool
+	a := b.newRelay(t, Config{BatchSize: 10, AutoReplay: true, StreamCheckInterval: 50 * time.Millisecond})
+	a.testHookBeforeClaim = func() {
+		for paused.Load() {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	stopA := runInBackground(t, a)
+	ids := b.insert(t, 20)
+	waitFor(t, "A drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 20 })
+	paused.Store(true) // B takes the next rows
+	time.Sleep(300 * time.Millisecond)
+
+	relayB := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, StreamCheckInterval: time.Hour})
+	idsB := b.insert(t, 10)
+	relayB.testHookBeforeCommit = func(ctx context.Context) error {
+		require.NoError(t, b.rdb.FlushAll(ctx).Err()) // B's entries go with the rest
+		waitFor(t, "A recorded the reset", func() bool { return b.pendingResets(t).Count >= 1 })
+		time.Sleep(500 * time.Millisecond) // time for A's replay, had it not waited
+		return nil
+	}
+	res, err := relayB.runOnce(ctx) // and B stops
+	require.NoError(t, err)
+	require.Equal(t, 10, res.claimed)
+	b.waitResetsReplayed(t)
+	paused.Store(false)
+	require.NoError(t, stopA())
+	requireAtLeastOnce(t, b.readStream(t, b.stream), append(ids, idsB...))
+}
