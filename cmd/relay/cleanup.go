@@ -49,16 +49,19 @@ func newCleanupCommand(c *common) *cobra.Command {
 						return fmt.Errorf("deleting nothing: %w", logical.UncoveredError(o, children))
 					}
 					n, cutoff, err := t.DeleteStreamed(ctx, db, slot, retention, margin, batchSize)
-					if held := (*outbox.ResetsPendingError)(nil); errors.As(err, &held) {
+					held, young := (*outbox.ResetsPendingError)(nil), (*outbox.YoungProgressError)(nil)
+					if errors.As(err, &held) || errors.As(err, &young) {
 						// Not a failure of the Job: the StreamIntact condition
-						// and the relay's log already ask for the replay.
-						_, _ = fmt.Fprintf(cmd.OutOrStdout(), "deleted 0 rows from %s: %v\n", t, held)
+						// and the relay's log already ask for the replay, and
+						// a young relay's rows are all within the retention.
+						_, _ = fmt.Fprintf(cmd.OutOrStdout(), "deleted 0 rows from %s: %v\n", t, err)
 						return nil
 					}
 					if cutoff.IsZero() {
 						return err
 					}
-					_, _ = fmt.Fprintf(cmd.OutOrStdout(), "deleted %d rows created before %s (older than %s, and streamed by slot %s) from %s in %s\n",
+					_, _ = fmt.Fprintf(cmd.OutOrStdout(),
+						"deleted %d rows created before %s (older than %s, and streamed by slot %s more than that ago) from %s in %s\n",
 						n, cutoff.UTC().Format(time.RFC3339), retention, slot, t, time.Since(start).Round(time.Millisecond))
 					return err
 				}
@@ -89,8 +92,8 @@ func newCleanupCommand(c *common) *cobra.Command {
 	cmd.Flags().DurationVar(&retention, "retention", 72*time.Hour, "keep dispatched rows this long")
 	cmd.Flags().IntVar(&batchSize, "batch-size", 1000, "rows deleted per statement")
 	cmd.Flags().StringVar(&slot, "slot", "",
-		"source LogicalReplication: delete by created_at the rows older than the retention, and only those created "+
-			"--catch-up-margin before the slot's last published commit, but those of transactions running at about that commit "+
+		"source LogicalReplication: delete the rows the slot's relay published more than the retention ago: created "+
+			"--catch-up-margin before its commit as logged a retention ago, but those of transactions running at about that commit "+
 			"(the slot's xmin horizon; rows are never marked dispatched in that mode)")
 	cmd.Flags().DurationVar(&margin, "catch-up-margin", relay.DefaultCatchUpMargin,
 		"with --slot: keep the rows a catch-up after a lost slot would read (the relay's --catch-up-margin)")

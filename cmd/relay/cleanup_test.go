@@ -129,7 +129,13 @@ func TestCleanupOfStreamedRows(t *testing.T) {
 	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now().Add(-2*time.Hour), true))
 
 	res := requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
-	require.Regexp(t, `^deleted 3 rows created before \S+ \(older than 1h0m0s, and streamed by slot orders\) from outbox_events`, res.stdout)
+	require.Regexp(t, `^deleted 0 rows from outbox_events: the progress of slot orders was not logged 1h0m0s ago yet`, res.stdout)
+	require.Len(t, allRowIDs(t, db), 4, "a relay younger than the retention: nothing known published that long ago")
+
+	logProgress(t, db, "orders", 90*time.Minute, time.Now().Add(-2*time.Hour))
+	res = requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
+	require.Regexp(t, `^deleted 3 rows created before \S+ \(older than 1h0m0s, and streamed by slot orders more than that ago\) `+
+		`from outbox_events`, res.stdout)
 	require.NotContains(t, allRowIDs(t, db), old[0])
 	require.Len(t, allRowIDs(t, db), 1, "the row newer than the published commit stays")
 }
@@ -149,6 +155,7 @@ func TestCleanupOfStreamedRowsRefusesWhileAChildIsNotPublished(t *testing.T) {
 	table := outbox.MustNew("", outbox.Columns{})
 	require.NoError(t, table.EnsureProgressTable(t.Context(), db))
 	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now().Add(-time.Hour), true))
+	logProgress(t, db, "orders", 2*time.Hour, time.Now().Add(-time.Hour))
 
 	res := execRelay(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
 	require.NotZero(t, res.code)
@@ -193,4 +200,13 @@ func TestCleanupKeepsTheRowsOfAResetNotReplayed(t *testing.T) {
 	res = requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h")
 	require.Regexp(t, `^deleted 0 rows from outbox_events: a stream reset since \S+ waits for a replay \(relay replay --pending`, res.stdout)
 	require.Equal(t, sorted(inWindow), allRowIDs(t, db))
+}
+
+// logProgress adds an entry to the progress log of slot (outbox_events), as
+// if its relay had logged lastCommit ago.
+func logProgress(t *testing.T, db *pgxpool.Pool, slot string, ago time.Duration, lastCommit time.Time) {
+	t.Helper()
+	_, err := db.Exec(t.Context(), `INSERT INTO outbox_events_relay_progress_log (slot, recorded_at, last_commit)
+		VALUES ($1, now() - make_interval(secs => $2), $3)`, slot, ago.Seconds(), lastCommit)
+	require.NoError(t, err)
 }

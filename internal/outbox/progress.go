@@ -31,9 +31,14 @@ func (t *Table) ProgressTable() string {
 	return t.ProgressTableName()
 }
 
-// progress fills a statement on the progress table (%[14]s).
+// ProgressLogTableName is the name of the progress log, where the relays
+// log their progress at most once a minute, for the cleanup by age.
+func (t *Table) ProgressLogTableName() string { return t.objectName("relay_progress_log") }
+
+// progress fills a statement on the progress table (%[14]s) and the
+// progress log (%[15]s).
 func (t *Table) progress(tmpl string) string {
-	return t.format(tmpl, t.qualified(t.ProgressTableName()))
+	return t.format(tmpl, t.qualified(t.ProgressTableName()), t.qualified(t.ProgressLogTableName()))
 }
 
 // Progress is one slot's row.
@@ -375,13 +380,33 @@ func (t *Table) BacklogSince(ctx context.Context, q Querier, slot string, limit 
 // published commit of its slot, so it cannot tell what is safe to delete.
 var ErrNoProgress = errors.New("no published commit recorded for the slot")
 
-// DeleteStreamed deletes, in batches of batchSize, the rows created more
-// than retention ago and more than margin before the slot's last published
-// commit (the cleanup by age of source LogicalReplication, whose rows are
-// never marked dispatched), but those inserted at or after the slot's xmin
-// horizon (Progress.XminHorizon). The margin and the horizon keep what a
+// YoungProgressError is the cleanup by age of a logical replication
+// relay's table deleting nothing because the slot's progress was not
+// logged a retention ago yet (its relay is younger than the retention, or
+// of a version without the log): nothing tells which rows were published
+// more than the retention ago.
+type YoungProgressError struct {
+	Slot      string
+	Retention time.Duration
+}
+
+func (e *YoungProgressError) Error() string {
+	return fmt.Sprintf("the progress of slot %s was not logged %s ago yet (its relay runs for less than the retention): "+
+		"nothing is known to be published that long ago", e.Slot, e.Retention)
+}
+
+// DeleteStreamed deletes, in batches of batchSize, the rows published
+// more than retention ago (the cleanup by age of source
+// LogicalReplication, whose rows are never marked dispatched): the rows
+// created more than retention ago and more than margin before the slot's
+// commit as the progress log had it a retention ago (so a row created
+// long before its relay published it, after a lag or a catch-up, stays a
+// retention after, for a replay), but those inserted at or after the xmin
+// horizon of then or of now (Progress.XminHorizon: such a transaction may
+// have committed after that commit). The margin and the horizon keep what a
 // catch-up after a lost slot would read; for a `timestamp without time zone` created_at it is
 // LocalTimeSkew longer, as the catch-up's reach. It returns the rows deleted and the cutoff used.
+// Without a log entry a retention old it deletes nothing: YoungProgressError.
 // While a stream reset waits for a replay it deletes nothing and returns a
 // ResetsPendingError: the replay of that source republishes every row
 // created before the reset's end.
@@ -400,6 +425,20 @@ func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, rete
 		}
 		return 0, time.Time{}, err
 	}
+	var agedAt, agedCommit time.Time
+	var agedHorizon *int64
+	err = q.QueryRow(ctx, t.progress(agedProgressSQL), slot, retention.Seconds()).Scan(&agedAt, &agedCommit, &agedHorizon)
+	var pgErr *pgconn.PgError
+	if errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
+		return 0, time.Time{}, &YoungProgressError{Slot: slot, Retention: retention}
+	}
+	if err != nil {
+		return 0, time.Time{}, t.classify(fmt.Errorf("reading the progress log %s: %w", t.ProgressLogTableName(), err))
+	}
+	horizon := p.XminHorizon // the lower of the two keeps more
+	if agedHorizon != nil && (horizon == nil || *agedHorizon < *horizon) {
+		horizon = agedHorizon
+	}
 	now, err := Now(ctx, q)
 	if err != nil {
 		return 0, time.Time{}, err
@@ -412,12 +451,17 @@ func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, rete
 		margin += LocalTimeSkew // a row written west of UTC looks older than it is
 	}
 	cutoff := now.Add(-retention)
-	if c := p.LastCommit.Add(-margin); c.Before(cutoff) {
-		cutoff = c
+	for _, c := range []time.Time{p.LastCommit.Add(-margin), agedCommit.Add(-margin)} {
+		if c.Before(cutoff) {
+			cutoff = c
+		}
+	}
+	if _, err := q.Exec(ctx, t.progress(pruneProgressLogSQL), slot, agedAt); err != nil {
+		return 0, cutoff, t.classify(fmt.Errorf("pruning the progress log %s: %w", t.ProgressLogTableName(), err))
 	}
 	var total int64
 	for {
-		tag, err := q.Exec(ctx, t.format(cleanupStreamedSQL, fmt.Sprintf(insertedSinceHorizon, "$3")), cutoff, batchSize, p.XminHorizon)
+		tag, err := q.Exec(ctx, t.format(cleanupStreamedSQL, fmt.Sprintf(insertedSinceHorizon, "$3")), cutoff, batchSize, horizon)
 		if err != nil {
 			return total, cutoff, t.classify(fmt.Errorf("deleting streamed rows: %w", err))
 		}

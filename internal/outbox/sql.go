@@ -401,7 +401,14 @@ DO $ddl$ BEGIN
 			ADD COLUMN IF NOT EXISTS xmin_sample bigint NULL,
 			ADD COLUMN IF NOT EXISTS xmin_sampled_at timestamptz NULL;
 	END IF;
-END $ddl$;`
+END $ddl$;
+CREATE TABLE IF NOT EXISTS %[15]s (
+	slot text NOT NULL,
+	recorded_at timestamptz NOT NULL DEFAULT now(),
+	last_commit timestamptz NOT NULL,
+	xmin_horizon bigint NULL,
+	PRIMARY KEY (slot, recorded_at)
+);`
 
 	readProgressSQL = `SELECT last_commit, catch_up_pending, coalesce(catch_up_id, 0), xmin_horizon FROM %[14]s WHERE slot = $1`
 
@@ -445,7 +452,12 @@ RETURNING NOT p.catch_up_pending`
 	// it in the WAL follows): its id is at or after the sample. The slack
 	// covers the clock stepping back. A sample waits until then; the next
 	// is taken when it is used.
-	recordProgressSQL = `INSERT INTO %[14]s AS p (slot, last_commit, xmin_sample, xmin_sampled_at)
+	//
+	// And at most once a minute it logs the progress (%[15]s, the progress
+	// log), for the cleanup, which keeps the rows published within its
+	// retention (DeleteStreamed).
+	recordProgressSQL = `WITH rec AS (
+INSERT INTO %[14]s AS p (slot, last_commit, xmin_sample, xmin_sampled_at)
 VALUES ($1, $2, pg_snapshot_xmin(pg_current_snapshot())::text::bigint, clock_timestamp())
 ON CONFLICT (slot) DO UPDATE SET
 	last_commit = greatest(p.last_commit, excluded.last_commit),
@@ -459,7 +471,20 @@ ON CONFLICT (slot) DO UPDATE SET
 	xmin_sampled_at = CASE
 		WHEN p.xmin_sampled_at IS NULL OR p.xmin_sampled_at <= greatest(p.last_commit, excluded.last_commit) - interval '1 second'
 		THEN excluded.xmin_sampled_at ELSE p.xmin_sampled_at END,
-	updated_at = now()`
+	updated_at = now()
+RETURNING p.slot, p.last_commit, p.xmin_horizon)
+INSERT INTO %[15]s (slot, last_commit, xmin_horizon)
+SELECT slot, last_commit, xmin_horizon FROM rec
+WHERE NOT EXISTS (SELECT 1 FROM %[15]s l WHERE l.slot = $1 AND l.recorded_at > now() - interval '1 minute')`
+
+	// agedProgressSQL (with %[15]s the progress log) is the progress of slot
+	// $1 as it was logged $2 seconds ago or before: the newest such entry.
+	agedProgressSQL = `SELECT recorded_at, last_commit, xmin_horizon FROM %[15]s
+WHERE slot = $1 AND recorded_at <= now() - make_interval(secs => $2) ORDER BY recorded_at DESC LIMIT 1`
+
+	// pruneProgressLogSQL (with %[15]s the progress log) forgets the entries
+	// of slot $1 older than $2 (the one the cleanup used).
+	pruneProgressLogSQL = `DELETE FROM %[15]s WHERE slot = $1 AND recorded_at < $2`
 
 	// insertedSinceHorizon (with %[1]s the parameter that holds a full
 	// transaction id, NULL: none) says whether a row was inserted by a
