@@ -31,15 +31,18 @@ func streamIntactCondition(st *relayState) condition {
 // cleanup mode OnDispatch there is nothing to run: the rows were deleted
 // when they were dispatched.
 func streamResetMessage(stream string, st *relayState, from, to time.Time, n int64) string {
-	if st.relay.Spec.Cleanup.DeletesOnDispatch() {
-		return fmt.Sprintf("stream %s lost entries (%d resets recorded): events of the rows dispatched from %s to %s may be missing, "+
-			"and cleanup mode OnDispatch deleted those rows when it dispatched them, so no replay can republish them; "+
-			"tell the consumers, and keep Redis durable (docs/relay.md, \"Cleanup modes\")", stream, n,
-			from.UTC().Format(time.RFC3339), to.UTC().Format(time.RFC3339))
-	}
 	cmd := "relay replay --stream=" + stream + " --pending"
 	if st.table != nil && st.table.String() != "outbox_events" {
 		cmd += " --table=" + st.table.String()
+	}
+	if st.relay.Spec.Cleanup.DeletesOnDispatch() {
+		// Rows dispatched before a switch from AfterRetention are still
+		// there (cleanup keeps a reset's window): the replay takes those.
+		return fmt.Sprintf("stream %s lost entries (%d resets recorded): events of the rows dispatched from %s to %s may be missing, "+
+			"and cleanup mode OnDispatch deleted those rows when it dispatched them, so no replay can republish them; "+
+			"tell the consumers, and keep Redis durable (docs/relay.md, \"Cleanup modes\"). Rows dispatched before a switch "+
+			"to OnDispatch are still in the table: `%s` republishes those and ends this condition", stream, n,
+			from.UTC().Format(time.RFC3339), to.UTC().Format(time.RFC3339), cmd)
 	}
 	if st.relay.Spec.ReadsLogicalReplication() {
 		// No row is marked dispatched: the replay selects by created_at.

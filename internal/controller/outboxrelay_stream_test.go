@@ -36,7 +36,8 @@ func TestStreamIntactCondition(t *testing.T) {
 	c = streamIntactCondition(onDispatch)
 	require.Equal(t, metav1.ConditionFalse, c.status)
 	require.Contains(t, c.message, "no replay can republish them")
-	require.NotContains(t, c.message, "relay replay")
+	require.Contains(t, c.message, "Rows dispatched before a switch to OnDispatch are still in the table: "+
+		"`relay replay --stream=jobs --pending` republishes those", "a switch from AfterRetention left rows to replay")
 
 	// LogicalReplication marks no row dispatched: the replay selects by created_at.
 	replicated := newState(withResets(&outbox.PendingResets{Count: 1, WindowStart: &from, WindowEnd: &to}))
