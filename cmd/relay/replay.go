@@ -26,6 +26,7 @@ type replayOptions struct {
 	waitTimeout      time.Duration
 	maxPayloadBytes  int
 	source           string
+	acceptUnparked   bool
 	output           string
 }
 
@@ -67,6 +68,8 @@ stream any time after its created_at), as far back as relay cleanup --slot kept.
 	fs.IntVar(&o.waitReplicas, "wait-replicas", 0, "WAIT for this many replicas after each pipeline")
 	fs.DurationVar(&o.waitTimeout, "wait-timeout", relay.DefaultWaitTimeout, "how long each pipeline waits for --wait-replicas")
 	fs.IntVar(&o.maxPayloadBytes, "max-payload-bytes", relay.DefaultMaxPayloadBytes, "larger payloads are skipped (they were parked)")
+	fs.BoolVar(&o.acceptUnparked, "accept-unparked", false,
+		"mark the resets replayed even when rows over the payload limits were skipped whose parked copies are gone (discarded)")
 	fs.StringVar(&o.source, "source", string(relay.SourcePolling),
 		"the relays' --source: with LogicalReplication the rows are selected by created_at, not dispatched_at")
 	addOutputFlag(fs, &o.output)
@@ -154,7 +157,7 @@ func runReplay(cmd *cobra.Command, c *common, o *replayOptions) error {
 		res, err := relay.Replay(ctx, t, db, rdb, relay.ReplayOptions{
 			Stream: o.stream, Since: since, Until: until, Created: created, BatchSize: o.batchSize, BatchBytes: o.batchBytes,
 			PublishTimeout: o.publishTimeout, MaxPayloadBytes: o.maxPayloadBytes,
-			WaitReplicas: o.waitReplicas, WaitTimeout: o.waitTimeout,
+			WaitReplicas: o.waitReplicas, WaitTimeout: o.waitTimeout, AcceptUnparked: o.acceptUnparked,
 		})
 		by := "dispatched"
 		if created {

@@ -344,6 +344,8 @@ func TestXminHorizon(t *testing.T) {
 	require.NotNil(t, h)
 	require.Equal(t, after, *h)
 	require.Equal(t, []string{"after"}, read(h))
+	ancient := after - 3_000_000_000 // more than 2^31 transactions before
+	require.ElementsMatch(t, []string{"after", "before", "long"}, read(&ancient), "every row is after a horizon that old")
 
 	// Cleanup by age keeps the row at the horizon, deletes the others.
 	n, _, err := tbl.DeleteStreamed(ctx, db, "s", time.Nanosecond, time.Nanosecond, 10)

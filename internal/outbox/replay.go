@@ -140,6 +140,12 @@ func (t *Table) EnsureStreamResetsTable(ctx context.Context, db pgtx.Beginner) e
 func (t *Table) RecordStreamReset(ctx context.Context, q Querier, r StreamReset) (StreamReset, error) {
 	err := q.QueryRow(ctx, t.resets(recordStreamResetSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason, r.Groups).
 		Scan(&r.WindowStart, &r.WindowEnd, &r.RunningBelow)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == codeUndefinedColumn {
+		// A table of an earlier version the relay's role could not alter:
+		// the reset is recorded without its groups rather than not at all.
+		err = q.QueryRow(ctx, t.resets(recordStreamResetNoGroupsSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason).
+			Scan(&r.WindowStart, &r.WindowEnd, &r.RunningBelow)
+	}
 	if err != nil {
 		return r, fmt.Errorf("recording a stream reset in %s: %w", t.StreamResetsTable(), err)
 	}
@@ -186,8 +192,8 @@ func (t *Table) AwaitedGroups(ctx context.Context, q Querier, stream string) (gr
 		})
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
-		return nil, nil, nil
+	if errors.As(err, &pgErr) && (pgErr.Code == codeUndefinedTable || pgErr.Code == codeUndefinedColumn) {
+		return nil, nil, nil // no table, or one of an earlier version: no groups recorded
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the groups awaited after stream resets in %s: %w", t.StreamResetsTable(), t.classify(err))

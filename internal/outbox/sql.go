@@ -318,6 +318,14 @@ RETURNING window_start, window_end, pg_current_xact_id()::text::bigint`
 	// ended.
 	endedBelowSQL = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= $1::bigint`
 
+	// recordStreamResetNoGroupsSQL is recordStreamResetSQL on a table made
+	// by an earlier version that the relay's role may not alter (relay
+	// schema --apply, run by its owner, adds the groups).
+	recordStreamResetNoGroupsSQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason)
+SELECT $1, least($2::timestamptz, (SELECT min(window_start) FROM %[14]s WHERE stream = $1 AND replayed_at >= $2::timestamptz)),
+	greatest($3::timestamptz, now()), $4
+RETURNING window_start, window_end, pg_current_xact_id()::text::bigint`
+
 	// awaitedGroupsSQL (with %[14]s the resets table) lists the resets of
 	// stream $1 whose consumer groups were not all seen back yet, with
 	// their groups.
@@ -488,13 +496,17 @@ WHERE slot = $1 AND recorded_at <= now() - make_interval(secs => $2) ORDER BY re
 
 	// insertedSinceHorizon (with %[1]s the parameter that holds a full
 	// transaction id, NULL: none) says whether a row was inserted by a
-	// transaction at or after it. A row's xmin is a 32-bit id, compared by
-	// age (which counts back from the current one), which holds for ids
-	// less than 2^31 transactions old: a horizon older than 2^30 says true
-	// for every row.
-	insertedSinceHorizon = `(%[1]s::bigint IS NOT NULL AND (
-	pg_snapshot_xmax(pg_current_snapshot())::text::bigint - %[1]s::bigint >= 1073741824
-	OR age(xmin) <= age((%[1]s::bigint %% 4294967296)::text::xid)))`
+	// transaction at or after it: whether the row is at most as old as the
+	// horizon, in transactions. A row's xmin is a 32-bit id: its age (which
+	// counts back from the current id) is read as less than 2^32 (a negative
+	// age is one past 2^31). The horizon's age is age() of its 32-bit id
+	// while it is less than 2^31 (less a margin) old, which counts from the
+	// same current id; older, its 64-bit distance from the snapshot's xmax.
+	insertedSinceHorizon = `(%[1]s::bigint IS NOT NULL AND
+	(CASE WHEN age(xmin) < 0 THEN age(xmin)::bigint + 4294967296 ELSE age(xmin)::bigint END) <=
+	(CASE WHEN pg_snapshot_xmax(pg_current_snapshot())::text::bigint - %[1]s::bigint < 2000000000
+		THEN age((%[1]s::bigint %% 4294967296)::text::xid)::bigint
+		ELSE pg_snapshot_xmax(pg_current_snapshot())::text::bigint - %[1]s::bigint END))`
 
 	// declareCatchUpSQL (with %[14]s what to read: the table, with its
 	// children, or ONLY one child, and %[15]s insertedSinceHorizon of $2)

@@ -46,6 +46,10 @@ type ReplayOptions struct {
 	// which recorded resets are marked replayed (an automatic replay
 	// clamped to its bound still covers the reset it was made for).
 	MarkSince time.Time
+	// AcceptUnparked marks the resets replayed even when rows over the
+	// payload limits that no relay parked were skipped (their parked copies
+	// were discarded on purpose); without it the replay fails on them.
+	AcceptUnparked bool
 }
 
 // ReplayResult is what Replay did.
@@ -118,7 +122,10 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 		return res, fmt.Errorf("replaying %s: %w", o.Stream, err)
 	}
 	// Rows skipped that no relay parked keep the resets pending (below).
-	unparked := notParked(ctx, table, db, skippedIDs, r.cfg.MaxPayloadBytes)
+	var unparked error
+	if !o.AcceptUnparked {
+		unparked = notParked(ctx, table, db, skippedIDs, r.cfg.MaxPayloadBytes)
+	}
 	// A window from the epoch (ReplayWindow of a slot's relay) asks for
 	// every row kept: none older can be missing from it.
 	// A hint, best effort: its failure does not undo the replay.
@@ -150,11 +157,13 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 	return res, err
 }
 
-// notParked fails when a row the replay skipped (over maxPayload or
-// Redis's proto-max-bulk-len, or malformed) has no parked copy: the relays
+// notParked fails when a row the replay skipped for its size (over
+// maxPayload or Redis's proto-max-bulk-len) has no parked copy: the relays
 // published it (with a larger --max-payload-bytes, or to a Redis that took
 // it), so its event may be lost with the stream, and the resets must stay
-// pending until a replay that can publish it.
+// pending until a replay that can publish it; or a person discarded its
+// parked copy (ReplayOptions.AcceptUnparked). A malformed row was never
+// published by any relay: not checked.
 func notParked(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, skipped []string, maxPayload int) error {
 	if len(skipped) == 0 {
 		return nil
@@ -172,9 +181,10 @@ func notParked(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, skipp
 	if len(missing) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%d rows of the window were not republished (over --max-payload-bytes %d, over Redis's proto-max-bulk-len, "+
-		"or malformed), though no relay parked them, e.g. %s: the relays published them, with a larger limit; "+
-		"replay with the relays' --max-payload-bytes (the stream resets stay pending)", len(missing), maxPayload, missing[0])
+	return fmt.Errorf("%d rows of the window were not republished (over --max-payload-bytes %d or Redis's proto-max-bulk-len), "+
+		"though no parked copy of them is left, e.g. %s: the relays published them with a larger limit (replay with the relays' "+
+		"--max-payload-bytes), or their parked copies were discarded (replay with --accept-unparked); "+
+		"the stream resets stay pending", len(missing), maxPayload, missing[0])
 }
 
 // replayPage adds one page's publishable events in one pipeline and
@@ -195,7 +205,9 @@ func (r *Relay) replayPage(ctx context.Context, rdb redis.UniversalClient, event
 	for _, e := range events {
 		if r.unpublishable(e, bulk) != "" {
 			skipped++
-			*skippedIDs = append(*skippedIDs, e.ID)
+			if e.Malformed == "" {
+				*skippedIDs = append(*skippedIDs, e.ID)
+			}
 			continue
 		}
 		if keyed {

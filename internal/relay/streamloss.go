@@ -408,7 +408,7 @@ func (r *Relay) watchStream(ctx context.Context, saved outbox.StreamState) {
 		if !resetsTable {
 			resetsTable = r.ensureStreamResetsTable(ctx)
 		}
-		r.recordResets(ctx)
+		r.recordResets(ctx, true)
 		if resetsTable && lastCheck.Equal(now) {
 			r.saveStreamState(ctx, &saved)
 		}
@@ -416,7 +416,7 @@ func (r *Relay) watchStream(ctx context.Context, saved outbox.StreamState) {
 		case <-ctx.Done():
 			final := context.WithoutCancel(ctx)
 			r.checkStream(final)
-			r.recordResets(final)
+			r.recordResets(final, false)
 			if resetsTable {
 				r.saveStreamState(final, &saved)
 			}
@@ -443,9 +443,12 @@ func (r *Relay) ensureStreamResetsTable(ctx context.Context) bool {
 }
 
 // recordResets writes the pending resets to the stream-resets table and,
-// with AutoReplay, replays each window; what fails is kept for the next
-// round.
-func (r *Relay) recordResets(ctx context.Context) {
+// with AutoReplay and replay, replays each window; what fails is kept for
+// the next round. At shutdown (replay false) it records only: a replay
+// waits for the transactions in flight and reads the whole window, longer
+// than a pod's grace period; the reset stays pending for a replay by hand
+// (the StreamIntact condition and the relay's log ask for it).
+func (r *Relay) recordResets(ctx context.Context, replay bool) {
 	pending := r.stream.takePending()
 	for i, reset := range pending {
 		recorded, err := func() (outbox.StreamReset, error) {
@@ -466,8 +469,12 @@ func (r *Relay) recordResets(ctx context.Context) {
 			r.log.Error("The stream reset's window reaches back to a replay made since it began, whose events it may have lost too",
 				"windowStart", recorded.WindowStart.Format(time.RFC3339))
 		}
-		if r.cfg.AutoReplay {
+		switch {
+		case r.cfg.AutoReplay && replay:
 			r.autoReplay(ctx, recorded)
+		case r.cfg.AutoReplay:
+			r.log.Warn("Stream reset found at shutdown: recorded, not replayed automatically; replay it by hand",
+				"replay", fmt.Sprintf("relay replay --table %s --stream %s --pending", r.cfg.Table, r.cfg.Stream))
 		}
 	}
 }

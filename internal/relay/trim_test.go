@@ -176,7 +176,7 @@ func TestTrimWaitsForEveryGroupAResetTook(t *testing.T) {
 	b.drain(t, r)
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
 	r.trimOnce(ctx) // the reset not recorded yet: no groups at all
-	r.recordResets(ctx)
+	r.recordResets(ctx, true)
 	awaited, _, err := b.table.AwaitedGroups(ctx, b.db, b.stream)
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"workers", "audit"}, awaited)
