@@ -218,15 +218,20 @@ func waitConfirmed(t testing.TB, conn *pgx.Conn, slot string, timeout time.Durat
 }
 
 // slotHolder returns the relay among relays whose session streams from
-// replicationSlot (the slot's active_pid), or why there is none.
+// replicationSlot (the slot's active_pid, a walsender), or why there is
+// none. The backend that creates the slot holds it too, until the slot is
+// made: that relay does not stream yet, and another may take the slot
+// first.
 func slotHolder(t testing.TB, conn *pgx.Conn, dsn string, relays []*relayProc) (*relayProc, error) {
 	t.Helper()
 	var pid *int
-	if err := conn.QueryRow(t.Context(),
-		`SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, replicationSlot).Scan(&pid); err != nil {
+	var walsender bool
+	if err := conn.QueryRow(t.Context(), `SELECT s.active_pid, coalesce(a.backend_type = 'walsender', false)
+		FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+		WHERE s.slot_name = $1`, replicationSlot).Scan(&pid, &walsender); err != nil {
 		return nil, fmt.Errorf("reading slot %s: %w", replicationSlot, err)
 	}
-	if pid == nil {
+	if pid == nil || !walsender {
 		return nil, errors.New("no relay streams from the slot")
 	}
 	for _, r := range relays {
