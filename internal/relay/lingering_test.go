@@ -49,9 +49,12 @@ func TestOrderedBatchWhoseSessionLingersIsNotPassed(t *testing.T) {
 		var err error
 		once.Do(func() {
 			err = errors.New("test: the batch fails while its backend is stopped")
-			// The batch's session is the one idle in its transaction.
-			rows, qerr := b.db.Query(ctx, `SELECT pid FROM pg_stat_activity
-				WHERE datname = current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()`)
+			// The batch's session is the one idle in its transaction that
+			// holds a lock on the table (the stream watch's DDL of its own
+			// tables may be idle in a transaction too, between statements).
+			rows, qerr := b.db.Query(ctx, `SELECT DISTINCT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+				WHERE a.datname = current_database() AND a.state = 'idle in transaction' AND a.pid <> pg_backend_pid()
+					AND l.relation = 'outbox_events'::regclass`)
 			if qerr != nil {
 				err = qerr
 				return
