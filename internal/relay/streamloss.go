@@ -416,6 +416,9 @@ func (r *Relay) watchStream(ctx context.Context, saved outbox.StreamState) {
 		case <-ctx.Done():
 			final := context.WithoutCancel(ctx)
 			r.checkStream(final)
+			if !resetsTable { // a relay stopped before its first round made it
+				resetsTable = r.ensureStreamResetsTable(final)
+			}
 			r.recordResets(final, false)
 			if resetsTable {
 				r.saveStreamState(final, &saved)
