@@ -412,6 +412,14 @@ func orderingScenarios() {
 		// leader that took over between two polls: it reports the handoffs
 		// it saw; the assertions below rest on what was read directly.
 		leaders := seen()
+		// A rollout slower than the production leaves the new leader
+		// nothing to publish, and the fence moves with a publish: one row
+		// more, after the order checks, which the new leader publishes.
+		entries := streamLen(stream)
+		_, err := db.Exec(ctx, `INSERT INTO `+table+` (event_type, payload) VALUES ('e2e_ordered', '{"seq":-1}')`)
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(func() int64 { return streamLen(stream) }).WithTimeout(time.Minute).Should(BeNumerically(">", entries),
+			"the new leader publishes a row written after the rollout")
 		epochAfter := fenceEpoch(stream)
 		_, _ = fmt.Fprintf(GinkgoWriter,
 			"Strict across a rollout: %s; rollout done at %s, drained at %s; leaders seen %v (first %s, now %v); fence epoch %d -> %d\n",
