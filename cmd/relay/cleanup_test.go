@@ -126,7 +126,7 @@ func TestCleanupOfStreamedRows(t *testing.T) {
 	require.NoError(t, err)
 	table := outbox.MustNew("", outbox.Columns{})
 	require.NoError(t, table.EnsureProgressTable(t.Context(), db))
-	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now().Add(-2*time.Hour), true))
+	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now().Add(-2*time.Hour), true, nil))
 
 	res := requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
 	require.Regexp(t, `^deleted 0 rows from outbox_events: the progress of slot orders was not logged 1h0m0s ago yet`, res.stdout)
@@ -154,7 +154,7 @@ func TestCleanupOfStreamedRowsRefusesWhileAChildIsNotPublished(t *testing.T) {
 	require.NoError(t, err)
 	table := outbox.MustNew("", outbox.Columns{})
 	require.NoError(t, table.EnsureProgressTable(t.Context(), db))
-	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now().Add(-time.Hour), true))
+	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now().Add(-time.Hour), true, nil))
 	logProgress(t, db, "orders", 2*time.Hour, time.Now().Add(-time.Hour))
 
 	res := execRelay(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
@@ -196,7 +196,7 @@ func TestCleanupKeepsTheRowsOfAResetNotReplayed(t *testing.T) {
 	require.NotContains(t, allRowIDs(t, db), before[0])
 
 	require.NoError(t, table.EnsureProgressTable(t.Context(), db))
-	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now(), true))
+	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now(), true, nil))
 	res = requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h")
 	require.Regexp(t, `^deleted 0 rows from outbox_events: a stream reset since \S+ waits for a replay \(relay replay --pending`, res.stdout)
 	require.Equal(t, sorted(inWindow), allRowIDs(t, db))

@@ -345,7 +345,7 @@ func testLogicalReplicationRelay(t *testing.T, s *suite) {
 	require.NoError(t, table.EnsureProgressTable(ctx, conn))
 	now, err := outbox.Now(ctx, conn)
 	require.NoError(t, err)
-	require.NoError(t, table.RecordProgress(ctx, conn, slot, now, true))
+	require.NoError(t, table.RecordProgress(ctx, conn, slot, now, true, nil))
 	_, err = conn.Exec(ctx, `INSERT INTO outbox_events (event_type, payload) SELECT 't', '{}' FROM generate_series(1, 3)`)
 	require.NoError(t, err)
 	s.waitStatus(t, key, "backlog 3 (BacklogSince)", func(st *v1alpha1.OutboxRelayStatus) error {

@@ -46,6 +46,7 @@ const (
 	detailInvalidated = "invalidated"
 	msgWALLevel       = "wal_level"
 	msgReplSlot       = "replication slot"
+	msgPublication    = "publication"
 )
 
 // walStatusLost is the wal_status of an invalidated slot.
@@ -79,8 +80,11 @@ func classify(err error) error {
 			return fmt.Errorf("%w: %w", ErrSlotInUse, err)
 		}
 	case codeUndefinedObject:
-		if strings.Contains(pgErr.Message, msgReplSlot) {
+		switch {
+		case strings.Contains(pgErr.Message, msgReplSlot):
 			return fmt.Errorf("%w: %w", ErrSlotNotFound, err)
+		case strings.HasPrefix(pgErr.Message, msgPublication): // publication "p" does not exist, while decoding
+			return fmt.Errorf("%w: %w", ErrPublicationDropped, err)
 		}
 	}
 	return err

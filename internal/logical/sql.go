@@ -62,6 +62,32 @@ FROM pg_publication p JOIN pg_publication_rel r ON r.prpubid = p.oid JOIN tree O
 WHERE p.pubname = $1 AND (r.prqual IS NOT NULL OR r.prattrs IS NOT NULL)
 ORDER BY 1 LIMIT 1`
 
+	// lookSQL ($1 the publication, $2 the quoted table; %[1]s
+	// publicationCoversSQL, %[2]s schemaEntriesSQL or, before PostgreSQL
+	// 15, noSchemaEntriesSQL) reads, in one snapshot, whether the
+	// publication publishes inserts (NULL: it does not exist), whether it
+	// covers the table, its fingerprint (Look.Fingerprint: the row
+	// versions of the publication and of its entries that list the table or
+	// a partitioned ancestor, or their schema) and the snapshot's xmin.
+	lookSQL = `WITH t AS (SELECT to_regclass($2) AS oid),
+tree AS (SELECT oid AS rel FROM t UNION SELECT a.relid FROM t, pg_partition_ancestors(t.oid) AS a),
+p AS (SELECT oid, xmin, pubinsert FROM pg_publication WHERE pubname = $1)
+SELECT (SELECT pubinsert FROM p), (%[1]s),
+	CASE WHEN NOT EXISTS (SELECT 1 FROM p) THEN '' ELSE
+		(SELECT p.oid::text || ':' || p.xmin::text FROM p) || '|' ||
+		coalesce((SELECT string_agg(r.oid::text || ':' || r.xmin::text, ',' ORDER BY r.oid)
+			FROM pg_publication_rel r JOIN p ON r.prpubid = p.oid JOIN tree ON r.prrelid = tree.rel), '') || '|' || %[2]s
+	END,
+	pg_snapshot_xmin(pg_current_snapshot())::text::bigint`
+
+	// schemaEntriesSQL is lookSQL's part of the fingerprint for FOR TABLES
+	// IN SCHEMA (PostgreSQL 15): the entries of the schemas of the table and
+	// its partitioned ancestors; noSchemaEntriesSQL stands for it before.
+	schemaEntriesSQL = `coalesce((SELECT string_agg(n.oid::text || ':' || n.xmin::text, ',' ORDER BY n.oid)
+			FROM pg_publication_namespace n JOIN p ON n.pnpubid = p.oid
+			JOIN pg_class c ON c.relnamespace = n.pnnspid JOIN tree ON c.oid = tree.rel), '')`
+	noSchemaEntriesSQL = `''`
+
 	// serverVersionSQL is the server's version as a number (150004).
 	serverVersionSQL = `SELECT current_setting('server_version_num')::int`
 

@@ -61,6 +61,32 @@ type Progress struct {
 	// catch-up's margin), and cleanup keeps them. nil: none recorded yet
 	// (the slot's first commits, or a row of an earlier version).
 	XminHorizon *int64
+	// Publication is the fingerprint of the slot's publication and the xmin
+	// of the last look of a relay that saw it (PublicationSeen); zero
+	// before the first look.
+	Publication PublicationSeen
+}
+
+// PublicationSeen is what a relay saw of its publication: its fingerprint
+// (logical.Look), and the oldest transaction running at the last look that
+// saw it. A transaction that inserts after the fingerprint changes has an
+// id at or after Xmin, so a catch-up from it reads every row the slot
+// skipped while the publication did not publish the table.
+type PublicationSeen struct {
+	Fingerprint string
+	Xmin        *int64
+}
+
+// CatchUpStart is a catch-up recorded due (StartCatchUp).
+type CatchUpStart struct {
+	// ID is the catch-up's.
+	ID CatchUpID
+	// After: the catch-up reads the table once every transaction with an id
+	// below it has ended (TransactionsEndedBelow); nil: at once.
+	After *int64
+	// Horizon is the slot's xmin horizon (Progress.XminHorizon), lowered to
+	// a publication's gap.
+	Horizon *int64
 }
 
 // CatchUpSnapshot is what a catch-up's snapshot covers: every transaction
@@ -91,7 +117,8 @@ func (t *Table) EnsureProgressTable(ctx context.Context, db pgtx.Beginner) error
 // progress table does not exist yet).
 func (t *Table) ReadProgress(ctx context.Context, q Querier, slot string) (p Progress, ok bool, err error) {
 	var id int64
-	err = q.QueryRow(ctx, t.progress(readProgressSQL), slot).Scan(&p.LastCommit, &p.CatchUpPending, &id, &p.XminHorizon)
+	err = q.QueryRow(ctx, t.progress(readProgressSQL), slot).Scan(&p.LastCommit, &p.CatchUpPending, &id, &p.XminHorizon,
+		&p.Publication.Fingerprint, &p.Publication.Xmin)
 	p.CatchUpID = CatchUpID(id)
 	var pgErr *pgconn.PgError
 	if errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
@@ -111,12 +138,30 @@ func (t *Table) ReadProgress(ctx context.Context, q Querier, slot string) (p Pro
 // when none was due; else the one already due, which this relay now does
 // on the same slot (its relay stopped, or streams it now and this one
 // waits for the slot).
-func (t *Table) StartCatchUp(ctx context.Context, q Querier, slot string, newSlot bool) (CatchUpID, error) {
-	var id int64
-	if err := q.QueryRow(ctx, t.progress(startCatchUpSQL), slot, newSlot).Scan(&id); err != nil {
-		return 0, t.classify(fmt.Errorf("recording a catch-up in %s: %w", t.ProgressTable(), err))
+//
+// gap, when not nil, is a change to the slot's publication found since
+// the relay last saw it: Xmin, that look's, lowers the catch-up's horizon,
+// and Fingerprint is the publication's from now on. A new catch-up, and
+// every one of a gap, waits for the transactions running now to end
+// (CatchUpStart.After).
+func (t *Table) StartCatchUp(ctx context.Context, q Querier, slot string, newSlot bool, gap *PublicationSeen) (CatchUpStart, error) {
+	var horizon *int64
+	var fingerprint *string
+	if gap != nil {
+		horizon, fingerprint = gap.Xmin, &gap.Fingerprint
+		if horizon == nil {
+			var zero int64 // no look recorded: every row
+			horizon = &zero
+		}
 	}
-	return CatchUpID(id), nil
+	var id int64
+	var c CatchUpStart
+	err := q.QueryRow(ctx, t.progress(startCatchUpSQL), slot, newSlot, horizon, fingerprint).Scan(&id, &c.After, &c.Horizon)
+	if err != nil {
+		return CatchUpStart{}, t.classify(fmt.Errorf("recording a catch-up in %s: %w", t.ProgressTable(), err))
+	}
+	c.ID = CatchUpID(id)
+	return c, nil
 }
 
 // FinishCatchUp records catch-up id of the slot done: everything committed
@@ -125,10 +170,17 @@ func (t *Table) StartCatchUp(ctx context.Context, q Querier, slot string, newSlo
 // is still id, and says whether it did:
 // false when the slot was made again meanwhile and a newer catch-up is due
 // (then the rows committed between this snapshot and the new slot were
-// read by no catch-up yet), or when the slot has no row.
+// read by no catch-up yet), or when the slot has no row. A zero snapshot
+// ends the catch-up only: that of a publication's gap, read while the
+// stream is behind its snapshot, is no progress.
 func (t *Table) FinishCatchUp(ctx context.Context, q Querier, slot string, snapshot CatchUpSnapshot, id CatchUpID) (bool, error) {
+	var at *time.Time
+	var xmin *int64
+	if !snapshot.At.IsZero() {
+		at, xmin = &snapshot.At, &snapshot.Xmin
+	}
 	var done bool
-	err := q.QueryRow(ctx, t.progress(finishCatchUpSQL), slot, snapshot.At, int64(id), snapshot.Xmin).Scan(&done)
+	err := q.QueryRow(ctx, t.progress(finishCatchUpSQL), slot, at, int64(id), xmin).Scan(&done)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -140,12 +192,28 @@ func (t *Table) FinishCatchUp(ctx context.Context, q Querier, slot string, snaps
 
 // RecordProgress records that everything committed up to lastCommit is
 // published. The time never goes back. It also keeps the xmin horizon
-// (recordProgressSQL). done ends a catch-up recorded
-// without an id (by a relay of an earlier version) only; one started by
-// StartCatchUp ends with FinishCatchUp.
-func (t *Table) RecordProgress(ctx context.Context, q Querier, slot string, lastCommit time.Time, done bool) error {
-	if _, err := q.Exec(ctx, t.progress(recordProgressSQL), slot, lastCommit, done); err != nil {
+// (recordProgressSQL), and, when seen is not nil, what the relay's last
+// look saw of the publication. done ends a catch-up recorded without an id
+// (by a relay of an earlier version) only; one started by StartCatchUp
+// ends with FinishCatchUp.
+func (t *Table) RecordProgress(ctx context.Context, q Querier, slot string, lastCommit time.Time, done bool,
+	seen *PublicationSeen) error {
+	var fingerprint *string
+	var xmin *int64
+	if seen != nil {
+		fingerprint, xmin = &seen.Fingerprint, seen.Xmin
+	}
+	if _, err := q.Exec(ctx, t.progress(recordProgressSQL), slot, lastCommit, done, fingerprint, xmin); err != nil {
 		return t.classify(fmt.Errorf("recording progress in %s: %w", t.ProgressTable(), err))
+	}
+	return nil
+}
+
+// RecordPublication records what the slot's relay saw of its publication
+// (a first look; RecordProgress records the later ones).
+func (t *Table) RecordPublication(ctx context.Context, q Querier, slot string, seen PublicationSeen) error {
+	if _, err := q.Exec(ctx, t.progress(recordPublicationSQL), slot, seen.Fingerprint, seen.Xmin); err != nil {
+		return t.classify(fmt.Errorf("recording the publication's fingerprint in %s: %w", t.ProgressTable(), err))
 	}
 	return nil
 }

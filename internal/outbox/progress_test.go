@@ -24,7 +24,8 @@ func TestProgressAndBacklogSince(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 10, b.Count, "no progress yet: every row")
 
-	id, err := tbl.StartCatchUp(ctx, db, "s", true)
+	idStart, err := tbl.StartCatchUp(ctx, db, "s", true, nil)
+	id := idStart.ID
 	require.NoError(t, err)
 	p, ok, err := tbl.ReadProgress(ctx, db, "s")
 	require.NoError(t, err)
@@ -33,7 +34,7 @@ func TestProgressAndBacklogSince(t *testing.T) {
 	require.Nil(t, p.LastCommit)
 
 	at := func(m int) time.Time { return time.Date(2026, 1, 1, 0, m, 0, 0, time.UTC) }
-	require.NoError(t, tbl.RecordProgress(ctx, db, "s", at(6), false))
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", at(6), false, nil))
 	p, _, err = tbl.ReadProgress(ctx, db, "s")
 	require.NoError(t, err)
 	require.True(t, p.CatchUpPending, "still due until a catch-up says done")
@@ -121,7 +122,7 @@ func TestCatchUpAndCleanupOfALocalTimeColumn(t *testing.T) {
 	require.Equal(t, []string{"new york"}, got)
 
 	require.NoError(t, tbl.EnsureProgressTable(ctx, db))
-	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, true))
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, true, nil))
 	logProgress(t, tbl, db, time.Hour, now.Add(-time.Hour))
 	n, _, err := tbl.DeleteStreamed(ctx, db, "s", time.Minute, time.Minute, 10)
 	require.NoError(t, err)
@@ -152,7 +153,7 @@ func TestDeleteStreamed(t *testing.T) {
 	now, err := Now(ctx, db)
 	require.NoError(t, err)
 	// Published up to 5h30 ago: with a margin of 1h, rows up to 6h30 ago may go.
-	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now.Add(-330*time.Minute), true))
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now.Add(-330*time.Minute), true, nil))
 	_, _, err = tbl.DeleteStreamed(ctx, db, "s", 2*time.Hour, time.Hour, 3)
 	var young *YoungProgressError
 	require.ErrorAs(t, err, &young, "no progress logged 2 hours ago: nothing known published that long ago")
@@ -167,7 +168,7 @@ func TestDeleteStreamed(t *testing.T) {
 
 	// A stream reset waiting for its replay, which republishes every row
 	// created before its end: nothing is deleted until it is replayed.
-	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, true))
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, true, nil))
 	logProgress(t, tbl, db, 100*time.Minute, now.Add(-100*time.Minute))
 	recordReset(t, tbl, db, time.Minute)
 	n, _, err = tbl.DeleteStreamed(ctx, db, "s", 90*time.Minute, time.Minute, 100)
@@ -195,9 +196,11 @@ func TestCatchUpEndsOnlyItsOwn(t *testing.T) {
 	require.NoError(t, tbl.EnsureProgressTable(ctx, db))
 	at := func(m int) time.Time { return time.Date(2026, 1, 1, 0, m, 0, 0, time.UTC) }
 
-	a, err := tbl.StartCatchUp(ctx, db, "s", true) // A: slot #1 made
+	aStart, err := tbl.StartCatchUp(ctx, db, "s", true, nil) // A: slot #1 made
+	a := aStart.ID
 	require.NoError(t, err)
-	b, err := tbl.StartCatchUp(ctx, db, "s", true) // B: #1 lost, #2 made
+	bStart, err := tbl.StartCatchUp(ctx, db, "s", true, nil) // B: #1 lost, #2 made
+	b := bStart.ID
 	require.NoError(t, err)
 	require.NotEqual(t, a, b)
 	ended, err := tbl.FinishCatchUp(ctx, db, "s", CatchUpSnapshot{At: at(1)}, a) // A ends late
@@ -211,10 +214,11 @@ func TestCatchUpEndsOnlyItsOwn(t *testing.T) {
 
 	// A standby waiting for #2 while B catches up records the same one due;
 	// the relay that takes #2 after B stopped does it and ends it.
-	c, err := tbl.StartCatchUp(ctx, db, "s", false)
+	cStart, err := tbl.StartCatchUp(ctx, db, "s", false, nil)
+	c := cStart.ID
 	require.NoError(t, err)
 	require.Equal(t, b, c)
-	require.NoError(t, tbl.RecordProgress(ctx, db, "s", at(2), true), "progress alone ends no catch-up with an id")
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", at(2), true, nil), "progress alone ends no catch-up with an id")
 	p, _, err = tbl.ReadProgress(ctx, db, "s")
 	require.NoError(t, err)
 	require.True(t, p.CatchUpPending)
@@ -228,7 +232,8 @@ func TestCatchUpEndsOnlyItsOwn(t *testing.T) {
 
 	// Done, a catch-up due again (the slot exists: say the progress was
 	// reset) gets a new id; the old one ends nothing.
-	d, err := tbl.StartCatchUp(ctx, db, "s", false)
+	dStart, err := tbl.StartCatchUp(ctx, db, "s", false, nil)
+	d := dStart.ID
 	require.NoError(t, err)
 	require.NotEqual(t, c, d)
 	ended, err = tbl.FinishCatchUp(ctx, db, "s", CatchUpSnapshot{At: at(4)}, c)
@@ -262,7 +267,8 @@ func TestProgressTableOfAnEarlierVersionIsUpgraded(t *testing.T) {
 	require.True(t, p.CatchUpPending)
 	require.Zero(t, p.CatchUpID)
 
-	id, err := tbl.StartCatchUp(ctx, db, "s", false)
+	idStart, err := tbl.StartCatchUp(ctx, db, "s", false, nil)
+	id := idStart.ID
 	require.NoError(t, err)
 	require.NotZero(t, id)
 	ended, err := tbl.FinishCatchUp(ctx, db, "s", CatchUpSnapshot{At: time.Now()}, id)
@@ -298,11 +304,11 @@ func TestXminHorizon(t *testing.T) {
 
 	now, err := Now(ctx, db)
 	require.NoError(t, err)
-	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now.Add(-time.Hour), false)) // sampled
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now.Add(-time.Hour), false, nil)) // sampled
 	require.Nil(t, horizon(), "a sample is not a horizon")
-	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, false))
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, false, nil))
 	require.Nil(t, horizon(), "no commit a second after the sample yet")
-	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now.Add(2*time.Second), false))
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now.Add(2*time.Second), false, nil))
 	h := horizon()
 	require.NotNil(t, h, "a commit a second after the sample: the sample is the horizon")
 	require.LessOrEqual(t, *h, longXID, "the long transaction ran at the sample")
@@ -336,7 +342,8 @@ func TestXminHorizon(t *testing.T) {
 	require.NoError(t, db.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload, created_at)
 		VALUES ('t', 'after', '2020-01-01') RETURNING pg_current_xact_id()::text::bigint`).Scan(&after))
 	require.LessOrEqual(t, snap.Xmin, after)
-	id, err := tbl.StartCatchUp(ctx, db, "s", false)
+	idStart, err := tbl.StartCatchUp(ctx, db, "s", false, nil)
+	id := idStart.ID
 	require.NoError(t, err)
 	_, err = tbl.FinishCatchUp(ctx, db, "s", CatchUpSnapshot{At: snap.At, Xmin: after}, id)
 	require.NoError(t, err)
@@ -380,7 +387,7 @@ func TestDeleteStreamedKeepsRowsPublishedWithinTheRetention(t *testing.T) {
 	require.NoError(t, err)
 	// An hour ago the relay had published up to 4 hours ago; now, to now.
 	logProgress(t, tbl, db, time.Hour, now.Add(-4*time.Hour))
-	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, true))
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, true, nil))
 	n, cutoff, err := tbl.DeleteStreamed(ctx, db, "s", time.Hour, time.Minute, 10)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "the row published more than an hour ago")
@@ -405,3 +412,63 @@ func payloadsLeft(t *testing.T, db Querier) []string {
 	require.NoError(t, rows.Err())
 	return left
 }
+
+// A publication's gap: StartCatchUp lowers the horizon to the last look
+// before the change, records the new fingerprint and waits for the
+// transactions running now; its FinishCatchUp records no progress, and
+// RecordProgress records the looks.
+func TestCatchUpOfAPublicationsGap(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, tbl.DDL(DDLOptions{}))
+	ctx := context.Background()
+	require.NoError(t, tbl.EnsureProgressTable(ctx, db))
+	read := func() Progress {
+		t.Helper()
+		p, ok, err := tbl.ReadProgress(ctx, db, "s")
+		require.NoError(t, err)
+		require.True(t, ok)
+		return p
+	}
+	var xid int64
+	require.NoError(t, db.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid))
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	look := PublicationSeen{Fingerprint: "1:700|2:701|", Xmin: ptr(xid)}
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, false, &look))
+	p := read()
+	require.Equal(t, look.Fingerprint, p.Publication.Fingerprint)
+	require.Equal(t, xid, *p.Publication.Xmin)
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now.Add(time.Second), false, nil))
+	require.Equal(t, look.Fingerprint, read().Publication.Fingerprint, "no look: kept")
+
+	// Another session's transaction runs across the change.
+	other, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = other.Rollback(ctx) }()
+	var otherXid int64
+	require.NoError(t, other.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&otherXid))
+
+	start, err := tbl.StartCatchUp(ctx, db, "s", false, &PublicationSeen{Fingerprint: "3:900|4:901|", Xmin: ptr(xid - 5)})
+	require.NoError(t, err)
+	require.NotNil(t, start.Horizon)
+	require.Equal(t, xid-5, *start.Horizon, "lowered to the look before the change")
+	require.NotNil(t, start.After)
+	require.Greater(t, *start.After, otherXid, "waits for the transaction running at the change")
+	ended, err := tbl.TransactionsEndedBelow(ctx, db, *start.After)
+	require.NoError(t, err)
+	require.False(t, ended)
+	require.NoError(t, other.Rollback(ctx))
+	p = read()
+	require.True(t, p.CatchUpPending)
+	require.Equal(t, "3:900|4:901|", p.Publication.Fingerprint)
+
+	done, err := tbl.FinishCatchUp(ctx, db, "s", CatchUpSnapshot{}, start.ID)
+	require.NoError(t, err)
+	require.True(t, done)
+	p = read()
+	require.False(t, p.CatchUpPending)
+	require.True(t, p.LastCommit.Equal(now.Add(time.Second)), "no progress recorded: %v", p.LastCommit)
+	require.Equal(t, xid-5, *p.XminHorizon, "the horizon stays")
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -387,8 +387,9 @@ ORDER BY %[5]s, %[2]s`
 
 	// progressDDL (with %[14]s the progress table) creates the table where
 	// logical replication relays record, per slot, the last commit they
-	// published and the catch-up due (progress.go). catch_up_id and the
-	// xmin columns, added later, are added to a table made without them;
+	// published and the catch-up due (progress.go). catch_up_id, the xmin
+	// columns, catch_up_after and the pub_ columns, added later, are added
+	// to a table made without them;
 	// the ALTER runs only then, as it takes a lock that would queue behind
 	// the table's readers.
 	progressDDL = `CREATE TABLE IF NOT EXISTS %[14]s (
@@ -399,15 +400,22 @@ ORDER BY %[5]s, %[2]s`
 	xmin_horizon bigint NULL,
 	xmin_sample bigint NULL,
 	xmin_sampled_at timestamptz NULL,
+	catch_up_after bigint NULL,
+	pub_fingerprint text NULL,
+	pub_xmin bigint NULL,
 	updated_at timestamptz NOT NULL DEFAULT now()
 );
 DO $ddl$ BEGIN
 	IF (SELECT count(*) FROM pg_attribute WHERE attrelid = '%[14]s'::regclass AND NOT attisdropped
-		AND attname IN ('catch_up_id', 'xmin_horizon', 'xmin_sample', 'xmin_sampled_at')) < 4 THEN
+		AND attname IN ('catch_up_id', 'xmin_horizon', 'xmin_sample', 'xmin_sampled_at',
+			'catch_up_after', 'pub_fingerprint', 'pub_xmin')) < 7 THEN
 		ALTER TABLE %[14]s ADD COLUMN IF NOT EXISTS catch_up_id bigint NULL,
 			ADD COLUMN IF NOT EXISTS xmin_horizon bigint NULL,
 			ADD COLUMN IF NOT EXISTS xmin_sample bigint NULL,
-			ADD COLUMN IF NOT EXISTS xmin_sampled_at timestamptz NULL;
+			ADD COLUMN IF NOT EXISTS xmin_sampled_at timestamptz NULL,
+			ADD COLUMN IF NOT EXISTS catch_up_after bigint NULL,
+			ADD COLUMN IF NOT EXISTS pub_fingerprint text NULL,
+			ADD COLUMN IF NOT EXISTS pub_xmin bigint NULL;
 	END IF;
 END $ddl$;
 CREATE TABLE IF NOT EXISTS %[15]s (
@@ -418,34 +426,60 @@ CREATE TABLE IF NOT EXISTS %[15]s (
 	PRIMARY KEY (slot, recorded_at)
 );`
 
-	readProgressSQL = `SELECT last_commit, catch_up_pending, coalesce(catch_up_id, 0), xmin_horizon FROM %[14]s WHERE slot = $1`
+	readProgressSQL = `SELECT last_commit, catch_up_pending, coalesce(catch_up_id, 0), xmin_horizon,
+	coalesce(pub_fingerprint, ''), pub_xmin FROM %[14]s WHERE slot = $1`
 
 	// startCatchUpSQL (with %[14]s the progress table) records a catch-up of
-	// slot $1 due and returns its id: a new one when the slot is to be made
-	// ($2), when none was due or when the one due has none (recorded by an
+	// slot $1 due and returns its id, the transactions it waits for and its
+	// xmin horizon. The id is a new one when the slot is to be made ($2),
+	// when none was due or when the one due has none (recorded by an
 	// earlier version); else (the slot exists and its catch-up is still
-	// due: its relay stopped, or streams it now) the one due.
-	startCatchUpSQL = `INSERT INTO %[14]s AS p (slot, catch_up_pending, catch_up_id) VALUES ($1, true, 1)
+	// due: its relay stopped, or streams it now) the one due. A new
+	// catch-up reads once every transaction running now has ended: those
+	// below catch_up_after, this statement's own id (one that began later
+	// got its id later; a snapshot's xmax would not do, as a running
+	// transaction's id can be at or above it). Those of a publication's
+	// gap insert rows the slot skips, and commit whenever they end. $3, the xmin of the last look at
+	// the publication before it changed (NULL: not a publication's gap),
+	// lowers the horizon to it, and its wait too is now's; $4 is the
+	// publication's fingerprint since (NULL: unchanged).
+	startCatchUpSQL = `INSERT INTO %[14]s AS p (slot, catch_up_pending, catch_up_id, catch_up_after, xmin_horizon, pub_fingerprint)
+VALUES ($1, true, 1, pg_current_xact_id()::text::bigint, $3::bigint, $4::text)
 ON CONFLICT (slot) DO UPDATE SET
 	catch_up_id = CASE WHEN $2::boolean OR NOT p.catch_up_pending OR p.catch_up_id IS NULL
 		THEN coalesce(p.catch_up_id, 0) + 1 ELSE p.catch_up_id END,
+	catch_up_after = CASE WHEN $2::boolean OR NOT p.catch_up_pending OR p.catch_up_id IS NULL OR $3::bigint IS NOT NULL
+		THEN excluded.catch_up_after ELSE p.catch_up_after END,
 	catch_up_pending = true,
+	xmin_horizon = CASE WHEN $3::bigint IS NULL THEN p.xmin_horizon ELSE least(p.xmin_horizon, $3::bigint) END,
+	xmin_sample = CASE WHEN $3::bigint IS NULL THEN p.xmin_sample END,
+	xmin_sampled_at = CASE WHEN $3::bigint IS NULL THEN p.xmin_sampled_at END,
+	pub_fingerprint = coalesce($4::text, p.pub_fingerprint),
 	updated_at = now()
-RETURNING catch_up_id`
+RETURNING catch_up_id, catch_up_after, xmin_horizon`
 
 	// finishCatchUpSQL (with %[14]s the progress table) records catch-up $3
 	// of slot $1 done, up to $2, and ends it only if it is still the one
 	// due; it returns whether it did. $4, the oldest transaction running at
 	// the catch-up's snapshot, is the xmin horizon from then on: a
 	// transaction that commits after that snapshot has an id at or after it
-	// (whether or not the catch-up still ends).
+	// (whether or not the catch-up still ends). $2 and $4 NULL (a catch-up
+	// of a publication's gap, while the stream is behind its snapshot) leave
+	// the progress and the horizon as they are.
 	finishCatchUpSQL = `UPDATE %[14]s AS p SET
 	last_commit = greatest(p.last_commit, $2::timestamptz),
 	catch_up_pending = p.catch_up_pending AND p.catch_up_id IS DISTINCT FROM $3::bigint,
-	xmin_horizon = $4::bigint, xmin_sample = NULL, xmin_sampled_at = NULL,
+	xmin_horizon = coalesce($4::bigint, p.xmin_horizon),
+	xmin_sample = CASE WHEN $4::bigint IS NULL THEN p.xmin_sample END,
+	xmin_sampled_at = CASE WHEN $4::bigint IS NULL THEN p.xmin_sampled_at END,
 	updated_at = now()
 WHERE p.slot = $1
 RETURNING NOT p.catch_up_pending`
+
+	// recordPublicationSQL (with %[14]s the progress table) records what
+	// slot $1's relay saw of its publication: fingerprint $2, at a look of
+	// xmin $3.
+	recordPublicationSQL = `UPDATE %[14]s SET pub_fingerprint = $2, pub_xmin = $3, updated_at = now() WHERE slot = $1`
 
 	// recordProgressSQL moves last_commit forward only; $3 ends a catch-up
 	// recorded without an id only (by a relay of an earlier version): one
@@ -461,14 +495,20 @@ RETURNING NOT p.catch_up_pending`
 	// covers the clock stepping back. A sample waits until then; the next
 	// is taken when it is used.
 	//
+	// $4 and $5, when $4 is not NULL, are the publication's fingerprint
+	// and the xmin of the relay's last look that saw it (Look): the
+	// lower bound of a catch-up if it changes before the next.
+	//
 	// And at most once a minute it logs the progress (%[15]s, the progress
 	// log), for the cleanup, which keeps the rows published within its
 	// retention (DeleteStreamed).
 	recordProgressSQL = `WITH rec AS (
-INSERT INTO %[14]s AS p (slot, last_commit, xmin_sample, xmin_sampled_at)
-VALUES ($1, $2, pg_snapshot_xmin(pg_current_snapshot())::text::bigint, clock_timestamp())
+INSERT INTO %[14]s AS p (slot, last_commit, xmin_sample, xmin_sampled_at, pub_fingerprint, pub_xmin)
+VALUES ($1, $2, pg_snapshot_xmin(pg_current_snapshot())::text::bigint, clock_timestamp(), $4::text, $5::bigint)
 ON CONFLICT (slot) DO UPDATE SET
 	last_commit = greatest(p.last_commit, excluded.last_commit),
+	pub_fingerprint = coalesce($4::text, p.pub_fingerprint),
+	pub_xmin = CASE WHEN $4::text IS NULL THEN p.pub_xmin ELSE $5::bigint END,
 	catch_up_pending = p.catch_up_pending AND NOT ($3::boolean AND p.catch_up_id IS NULL),
 	xmin_horizon = CASE
 		WHEN p.xmin_sampled_at <= greatest(p.last_commit, excluded.last_commit) - interval '1 second'

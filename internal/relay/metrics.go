@@ -16,6 +16,10 @@ const (
 	// ErrorKindSlotInvalidated: the replication slot was invalidated
 	// (source LogicalReplication) and is made again, with a catch-up.
 	ErrorKindSlotInvalidated = "slot_invalidated"
+	// ErrorKindPublicationChanged: the publication stopped publishing the
+	// table's inserts, for a while or now (source LogicalReplication); the
+	// relay publishes from the table what the slot skipped meanwhile.
+	ErrorKindPublicationChanged = "publication_changed"
 )
 
 // The phases of outbox_relay_batch_phase_seconds, in a batch's order.
@@ -98,6 +102,7 @@ func NewMetrics() *Metrics {
 	for _, k := range []string{
 		ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout,
 		ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas, ErrorKindSlotInvalidated,
+		ErrorKindPublicationChanged,
 	} {
 		m.Errors.WithLabelValues(k)
 	}

@@ -103,6 +103,10 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 			return err
 		}
 	}
+	var pub pubWatch
+	if err := r.watchPublication(ctx, opts, reader, &pub); err != nil {
+		return err
+	}
 	if err := r.coverChildren(ctx, opts, reader); err != nil {
 		return err
 	}
@@ -116,6 +120,9 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 		idle := nctx.Err() != nil
 		cancel()
 		if ctx.Err() == nil && time.Since(lastCover) >= max(r.cfg.PollInterval, minCoverEvery) {
+			if err := r.watchPublication(ctx, opts, reader, &pub); err != nil {
+				return err
+			}
 			if err := r.coverChildren(ctx, opts, reader); err != nil {
 				return err
 			}
@@ -130,6 +137,8 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 			}
 			r.setErr(nil)
 			continue
+		case errors.Is(err, logical.ErrPublicationDropped):
+			return r.dropUndecodableSlot(ctx, reader, err)
 		case err != nil:
 			return fmt.Errorf("streaming from slot %s: %w", r.cfg.Slot, err)
 		}
@@ -146,7 +155,7 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 				return fmt.Errorf("confirming slot %s: %w", r.cfg.Slot, err)
 			}
 			if time.Since(lastProgress) >= progressEvery {
-				if err := r.cfg.Table.RecordProgress(ctx, r.db, r.cfg.Slot, b.LastCommit, false); err != nil {
+				if err := r.cfg.Table.RecordProgress(ctx, r.db, r.cfg.Slot, b.LastCommit, false, pub.recorded()); err != nil {
 					return err
 				}
 				lastProgress = time.Now()
@@ -166,6 +175,12 @@ type catchUpDue struct {
 	horizon *int64
 	// id is the catch-up's, which only it ends.
 	id outbox.CatchUpID
+	// after: the catch-up reads once every transaction below it has ended
+	// (nil: at once).
+	after *int64
+	// gap says that it is the catch-up of a publication's gap, read while
+	// the stream is behind its snapshot: it records no progress.
+	gap bool
 }
 
 // prepareSlot creates what the stream needs and says whether a catch-up is
@@ -228,16 +243,23 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 // own: one still running on the slot it replaces (a relay cut off from it)
 // ends only its own.
 func (r *Relay) recordCatchUp(ctx context.Context, p outbox.Progress, ok, newSlot bool) (*catchUpDue, error) {
-	id, err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot, newSlot)
+	start, err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot, newSlot, nil)
 	if err != nil {
 		return nil, err
 	}
-	due := &catchUpDue{id: id}
+	return r.catchUpDueFrom(p, ok, start), nil
+}
+
+// catchUpDueFrom is the catch-up start recorded due for the slot whose
+// progress is p (ok: it has a row): from the last published commit less the
+// margin, and the horizon (every row without a commit).
+func (r *Relay) catchUpDueFrom(p outbox.Progress, ok bool, start outbox.CatchUpStart) *catchUpDue {
+	due := &catchUpDue{id: start.ID, after: start.After}
 	if ok && p.LastCommit != nil {
 		t := p.LastCommit.Add(-r.cfg.CatchUpMargin)
-		due.since, due.horizon = &t, p.XminHorizon
+		due.since, due.horizon = &t, start.Horizon
 	}
-	return due, nil
+	return due
 }
 
 // catchUpDueNow reads the slot's progress again once this relay holds the
@@ -259,6 +281,11 @@ func (r *Relay) catchUpDueNow(ctx context.Context) (*catchUpDue, error) {
 // records the catch-up done, which ends it unless a newer one is due.
 func (r *Relay) catchUp(ctx context.Context, due catchUpDue, reader *logical.Reader) error {
 	start := time.Now()
+	if due.after != nil {
+		if err := r.waitBelowHoldingSlot(ctx, *due.after, reader); err != nil {
+			return err
+		}
+	}
 	since, err := r.cfg.Table.CatchUpSince(ctx, r.db, due.since)
 	if err != nil {
 		return fmt.Errorf("catching up: %w", err)
@@ -286,6 +313,9 @@ func (r *Relay) catchUp(ctx context.Context, due catchUpDue, reader *logical.Rea
 		if err := r.testHookCatchUp(ctx, true); err != nil {
 			return err
 		}
+	}
+	if due.gap {
+		snapshot = outbox.CatchUpSnapshot{} // no progress: the stream has not reached it
 	}
 	ended, err := r.cfg.Table.FinishCatchUp(ctx, r.db, r.cfg.Slot, snapshot, due.id)
 	if err != nil {

@@ -1,0 +1,70 @@
+package logical
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
+)
+
+// Every change to what the publication publishes of the table gives another
+// fingerprint, even one undone at once; a child added to it does not.
+func TestLookPublicationFingerprint(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testenv.Postgres(t), "", outbox.Columns{}, "")
+	ctx, db, o := b.ctx, b.db, b.opts
+	look := func() Look {
+		t.Helper()
+		l, err := LookPublication(ctx, db, o)
+		require.NoError(t, err)
+		return l
+	}
+	exec := func(sql string) {
+		t.Helper()
+		_, err := db.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	first := look()
+	require.True(t, first.Exists && first.Inserts && first.Covered, "%+v", first)
+	require.NoError(t, first.Problem(o))
+	require.NotEmpty(t, first.Fingerprint)
+	require.Equal(t, first.Fingerprint, look().Fingerprint, "nothing changed")
+
+	exec(`CREATE TABLE outbox_child () INHERITS (outbox_events)`)
+	exec(`ALTER PUBLICATION outbox_events_pub ADD TABLE ONLY outbox_child`)
+	require.Equal(t, first.Fingerprint, look().Fingerprint, "a child added")
+
+	steps := []struct {
+		sql     string
+		problem bool
+	}{
+		{`ALTER PUBLICATION outbox_events_pub DROP TABLE ONLY outbox_events`, true},
+		{`ALTER PUBLICATION outbox_events_pub ADD TABLE ONLY outbox_events`, false},
+		{`ALTER PUBLICATION outbox_events_pub SET (publish = 'update')`, true},
+		{`ALTER PUBLICATION outbox_events_pub SET (publish = 'insert')`, false},
+		{`DROP PUBLICATION outbox_events_pub`, true},
+		{`CREATE PUBLICATION outbox_events_pub FOR TABLE outbox_events WITH (publish = 'insert')`, false},
+	}
+	seen := map[string]string{first.Fingerprint: "first"}
+	for _, s := range steps {
+		exec(s.sql)
+		l := look()
+		if s.problem {
+			require.ErrorIs(t, l.Problem(o), ErrPublicationChanged, s.sql)
+		} else {
+			require.NoError(t, l.Problem(o), s.sql)
+		}
+		prev, dup := seen[l.Fingerprint]
+		require.False(t, dup, "after %s: the fingerprint of %q", s.sql, prev)
+		seen[l.Fingerprint] = s.sql
+		require.NotZero(t, l.Xmin)
+	}
+
+	// A row filter is refused as Setup refuses it.
+	exec(`ALTER PUBLICATION outbox_events_pub SET TABLE outbox_events WHERE (event_type <> 'x')`)
+	_, err := LookPublication(ctx, db, o)
+	require.ErrorIs(t, err, ErrPublicationChanged)
+	require.ErrorContains(t, err, "row filter")
+}

@@ -1,0 +1,154 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/outbox-dev/outbox-operator/internal/logical"
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
+)
+
+// The publication of a slot's relay (source LogicalReplication) must
+// publish the table's inserts without a break: pgoutput decodes each insert
+// with the catalog as it was at the insert, so one made while the table was
+// out of the publication (ALTER PUBLICATION ... DROP TABLE, even if ADD
+// TABLE followed at once), while the publication published no inserts, or
+// while it did not exist, is skipped by the slot for good. The relay looks
+// at the publication whenever it looks for new children (at least every
+// second while it streams) and compares its fingerprint (logical.Look)
+// with the one recorded in the slot's progress row. When it changed, the
+// rows inserted since the last look that saw the old one are published from
+// the table (a catch-up of the gap), once the transactions running at the
+// change have ended, so every insert the slot skipped is read. A table
+// dropped from the publication is added back; a publication that publishes
+// no inserts is an error until it does again; one that was dropped is made
+// again (Setup), and a slot of PostgreSQL 15 to 17 that cannot decode past
+// the drop is made again with the catch-up of a lost slot.
+
+// pubWatch is what a streaming relay knows of its publication.
+type pubWatch struct {
+	loaded bool
+	// seen is the fingerprint recorded in the slot's progress row, and the
+	// xmin of the last look that saw it.
+	seen outbox.PublicationSeen
+}
+
+// recorded is what RecordProgress records of the publication: the last
+// look that saw the recorded fingerprint (nil before the first look).
+func (w *pubWatch) recorded() *outbox.PublicationSeen {
+	if !w.loaded || w.seen.Fingerprint == "" {
+		return nil
+	}
+	return &w.seen
+}
+
+// watchPublication looks at the publication of opts and, when it changed
+// since the last look (of this relay, or recorded by another), publishes
+// the gap from the table; see above.
+func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, reader *logical.Reader, w *pubWatch) error {
+	if !w.loaded {
+		p, _, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
+		if err != nil {
+			return err
+		}
+		w.seen, w.loaded = p.Publication, true
+	}
+	look, err := logical.LookPublication(ctx, r.db, opts)
+	if err != nil {
+		return err
+	}
+	if look.Exists && look.Inserts && !look.Covered {
+		// Dropped from it: the relay made it to publish this table, and
+		// adds the table back as it would make the publication.
+		problem := look.Problem(opts)
+		if err := logical.AddTable(ctx, r.db, opts); err != nil {
+			return fmt.Errorf("%w (adding it back failed: %w)", problem, err)
+		}
+		r.log.Error("The table was dropped from the publication: added it back, and publishing from the table "+
+			"what was inserted meanwhile", "slot", r.cfg.Slot, "table", r.cfg.Table.String())
+		if look, err = logical.LookPublication(ctx, r.db, opts); err != nil {
+			return err
+		}
+	}
+	if err := look.Problem(opts); err != nil {
+		r.cfg.Metrics.Errors.WithLabelValues(ErrorKindPublicationChanged).Inc()
+		return err // the fingerprint recorded stays the last that published the table
+	}
+	xmin := look.Xmin
+	switch w.seen.Fingerprint {
+	case "": // the slot's first look (or a row of an earlier version): nothing to compare with
+		w.seen = outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: &xmin}
+		return r.cfg.Table.RecordPublication(ctx, r.db, r.cfg.Slot, w.seen)
+	case look.Fingerprint:
+		w.seen.Xmin = &xmin
+		return nil
+	}
+	r.log.Error("The publication changed since the relay last looked at it (ALTER PUBLICATION, or DROP and CREATE): "+
+		"the slot skips what was inserted while it did not publish the table; publishing from the table the rows "+
+		"inserted since that look", "slot", r.cfg.Slot, "publication", cmpPublication(opts))
+	r.cfg.Metrics.Errors.WithLabelValues(ErrorKindPublicationChanged).Inc()
+	start, err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot, false,
+		&outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: w.seen.Xmin})
+	if err != nil {
+		return err
+	}
+	p, ok, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	due := r.catchUpDueFrom(p, ok, start)
+	due.gap = true
+	if err := r.catchUp(ctx, *due, reader); err != nil {
+		return err
+	}
+	w.seen = outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: &xmin}
+	return nil
+}
+
+// cmpPublication is the name of the publication of opts.
+func cmpPublication(opts logical.Options) string {
+	if opts.Publication != "" {
+		return opts.Publication
+	}
+	return opts.Table.PublicationName()
+}
+
+// waitBelowHoldingSlot waits until every transaction with an id below xid
+// has ended (those running when a catch-up was recorded), keeping the slot
+// alive, and logs once a minute while one holds it back.
+func (r *Relay) waitBelowHoldingSlot(ctx context.Context, xid int64, reader *logical.Reader) error {
+	start, logged := time.Now(), time.Now()
+	for {
+		ended, err := r.cfg.Table.TransactionsEndedBelow(ctx, r.db, xid)
+		if err != nil || ended {
+			return err
+		}
+		if err := reader.KeepAlive(); err != nil {
+			return fmt.Errorf("holding slot %s while waiting for transactions to end: %w", r.cfg.Slot, err)
+		}
+		if time.Since(logged) >= time.Minute {
+			r.log.Warn("A catch-up waits for transactions running when it was recorded to end (one of them may have "+
+				"inserted rows the slot skipped); see pg_stat_activity for old transactions", "slot", r.cfg.Slot,
+				"waited", time.Since(start).Round(time.Second).String())
+			logged = time.Now()
+		}
+		if sleep(ctx, 50*time.Millisecond, nil); ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// dropUndecodableSlot drops the slot after its stream failed with
+// logical.ErrPublicationDropped: it can decode no further, so it is made
+// again (the next pass) with the catch-up of a lost slot.
+func (r *Relay) dropUndecodableSlot(ctx context.Context, reader *logical.Reader, cause error) error {
+	r.log.Error("The publication was dropped while the slot streamed, and the slot cannot decode past the drop: "+
+		"making the slot again and publishing the gap from the table", "slot", r.cfg.Slot, "error", cause.Error())
+	r.cfg.Metrics.Errors.WithLabelValues(ErrorKindPublicationChanged).Inc()
+	_ = reader.Close(context.WithoutCancel(ctx))
+	if err := logical.DropSlot(ctx, r.db, r.cfg.Slot); err != nil {
+		return fmt.Errorf("%w (dropping the slot to make it again failed: %w)", cause, err)
+	}
+	return fmt.Errorf("streaming from slot %s: %w (slot dropped, to be made again with a catch-up)", r.cfg.Slot, cause)
+}
