@@ -179,9 +179,14 @@ type catchUpDue struct {
 	// (nil: at once).
 	after *int64
 	// gap says that it is the catch-up of a publication's gap, read while
-	// the stream is behind its snapshot: it records no progress.
+	// the stream is behind its snapshot: it reads by the horizon alone,
+	// and records no progress.
 	gap bool
 }
+
+// noTimeBound is the since of a catch-up that reads by the horizon alone:
+// no row is created after it.
+var noTimeBound = time.Date(9999, time.December, 31, 0, 0, 0, 0, time.UTC)
 
 // prepareSlot creates what the stream needs and says whether a catch-up is
 // due (nil: not), and from when. A slot that was invalidated is dropped and
@@ -289,6 +294,11 @@ func (r *Relay) catchUp(ctx context.Context, due catchUpDue, reader *logical.Rea
 	since, err := r.cfg.Table.CatchUpSince(ctx, r.db, due.since)
 	if err != nil {
 		return fmt.Errorf("catching up: %w", err)
+	}
+	if due.gap && due.horizon != nil {
+		// The horizon alone reads every row the slot skipped; a bound by
+		// time would add the rows of the last --catch-up-margin, streamed.
+		since = &noTimeBound
 	}
 	total := 0
 	snapshot, err := r.cfg.Table.CatchUp(ctx, r.db, since, due.horizon, r.batchLimit(), func(page []outbox.Event) error {
@@ -413,8 +423,11 @@ func (r *Relay) coverChildren(ctx context.Context, opts logical.Options, reader 
 }
 
 func fmtTime(t *time.Time) string {
-	if t == nil {
+	switch {
+	case t == nil:
 		return "the first row"
+	case t.Equal(noTimeBound):
+		return "the xmin horizon"
 	}
 	return t.UTC().Format(time.RFC3339)
 }
