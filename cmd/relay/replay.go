@@ -27,6 +27,7 @@ type replayOptions struct {
 	maxPayloadBytes  int
 	source           string
 	acceptUnparked   bool
+	inFlightWait     time.Duration
 	output           string
 }
 
@@ -70,6 +71,9 @@ stream any time after its created_at), as far back as relay cleanup --slot kept.
 	fs.IntVar(&o.maxPayloadBytes, "max-payload-bytes", relay.DefaultMaxPayloadBytes, "larger payloads are skipped (they were parked)")
 	fs.BoolVar(&o.acceptUnparked, "accept-unparked", false,
 		"mark the resets replayed even when rows over the payload limits were skipped whose parked copies are gone (discarded)")
+	fs.DurationVar(&o.inFlightWait, "in-flight-wait", time.Minute,
+		"first wait at most this long for the transactions running when the replay starts (relays' batches in flight) "+
+			"to end; above the relays' --in-flight times --publish-timeout plus 15s; 0: do not wait")
 	fs.StringVar(&o.source, "source", string(relay.SourcePolling),
 		"the relays' --source: with LogicalReplication the rows are selected by created_at, not dispatched_at")
 	addOutputFlag(fs, &o.output)
@@ -98,6 +102,9 @@ func (o *replayOptions) validate() error {
 	}
 	if _, err := relay.ParseSource(o.source); err != nil {
 		errs = append(errs, err)
+	}
+	if o.inFlightWait < 0 {
+		errs = append(errs, fmt.Errorf("--in-flight-wait %s: must not be negative", o.inFlightWait))
 	}
 	if o.waitReplicas < 0 || (o.waitReplicas > 0 && (o.waitTimeout <= 0 || o.waitTimeout >= o.publishTimeout)) {
 		errs = append(errs, errors.New("--wait-replicas must not be negative, and --wait-timeout must be positive and below --publish-timeout"))
@@ -158,6 +165,7 @@ func runReplay(cmd *cobra.Command, c *common, o *replayOptions) error {
 			Stream: o.stream, Since: since, Until: until, Created: created, BatchSize: o.batchSize, BatchBytes: o.batchBytes,
 			PublishTimeout: o.publishTimeout, MaxPayloadBytes: o.maxPayloadBytes,
 			WaitReplicas: o.waitReplicas, WaitTimeout: o.waitTimeout, AcceptUnparked: o.acceptUnparked,
+			InFlightWait: o.inFlightWait,
 		})
 		by := "dispatched"
 		if created {
@@ -169,8 +177,10 @@ func runReplay(cmd *cobra.Command, c *common, o *replayOptions) error {
 		if perr := printReplay(cmd, o.output, res, msg); err == nil {
 			err = perr
 		}
-		if res.Incomplete != "" && o.output != outputJSON { // JSON carries it as "incomplete"
-			_, _ = fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+res.Incomplete)
+		for _, w := range []string{res.Incomplete, res.StillRunning} {
+			if w != "" && o.output != outputJSON { // JSON carries them as "incomplete" and "stillRunning"
+				_, _ = fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+w)
+			}
 		}
 		return err
 	})

@@ -50,6 +50,14 @@ type ReplayOptions struct {
 	// payload limits that no relay parked were skipped (their parked copies
 	// were discarded on purpose); without it the replay fails on them.
 	AcceptUnparked bool
+	// InFlightWait, when above 0, makes the replay first wait, at most
+	// that long, for every transaction running when it starts to end: a
+	// relay's batch that added its entries to the lost stream and has not
+	// committed yet is one, and the replay's read would not see its rows
+	// (so the reset would be marked replayed without them). A relay's batch
+	// ends within its in-flight batches times its publish timeout plus
+	// 15 s. The automatic replay waits by itself.
+	InFlightWait time.Duration
 }
 
 // ReplayResult is what Replay did.
@@ -70,6 +78,10 @@ type ReplayResult struct {
 	// than the table still has (outbox.Table.KeepsRowsBefore): those were
 	// not republished, and cannot be.
 	Incomplete string `json:"incomplete,omitempty"`
+	// StillRunning, when set, says that transactions running when the
+	// replay started had not ended after InFlightWait: a relay's batch
+	// among them that commits later was not replayed.
+	StillRunning string `json:"stillRunning,omitempty"`
 }
 
 // Replay republishes the rows dispatched (with Created: created) in
@@ -102,6 +114,17 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 		read, by = table.Created, "created_at"
 	}
 	page := outbox.Limit{Rows: cmp.Or(o.BatchSize, DefaultBatchSize), Bytes: cmp.Or(o.BatchBytes, DefaultBatchBytes)}
+	if o.InFlightWait > 0 {
+		ended, err := waitRunningNow(ctx, table, db, o.InFlightWait)
+		if err != nil {
+			return res, fmt.Errorf("replaying %s: %w", o.Stream, err)
+		}
+		if !ended {
+			res.StillRunning = fmt.Sprintf("transactions running when the replay started had not ended after %s "+
+				"(see pg_stat_activity): a relay's batch among them that commits later is not in this replay; "+
+				"replay the window again once they have ended", o.InFlightWait)
+		}
+	}
 	var skippedIDs []string
 	err := read(ctx, db, o.Since, o.Until, page, func(events []outbox.Event) error {
 		n, skipped, err := r.replayPage(ctx, rdb, events, &skippedIDs)
@@ -227,4 +250,28 @@ func (r *Relay) replayPage(ctx context.Context, rdb redis.UniversalClient, event
 		return 0, skipped, err
 	}
 	return int64(len(events)) - skipped, skipped, nil
+}
+
+// waitRunningNow waits, at most wait, until every transaction running now
+// has ended, and says whether they did.
+func waitRunningNow(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, wait time.Duration) (bool, error) {
+	var xid int64
+	if err := db.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
+		return false, fmt.Errorf("reading a transaction id: %w", err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		ended, err := table.TransactionsEndedBelow(ctx, db, xid)
+		if err != nil || ended {
+			return ended, err
+		}
+		if !time.Now().Before(deadline) {
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

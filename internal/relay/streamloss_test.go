@@ -792,3 +792,51 @@ func TestResetFoundAtShutdownIsNotReplayedThen(t *testing.T) {
 	require.EqualValues(t, 1, b.pendingResets(t).Count, "recorded, and left pending")
 	require.Zero(t, testutilCounter(r.cfg.Metrics.stream.ReplayedEvents), "not replayed at shutdown")
 }
+
+// TestReplayWaitsForABatchInFlight: `relay replay` run at once after a
+// reset (by a script watching StreamIntact) while a relay's batch that
+// added its entries to the lost stream has not committed: the replay waits
+// for the transactions running when it starts (--in-flight-wait), so it
+// reads the batch's rows. Without the wait they were not in its snapshot,
+// and their events were lost with the stream.
+func TestReplayWaitsForABatchInFlight(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	relay := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, StreamCheckInterval: time.Hour})
+	ids := b.insert(t, 10)
+	var res ReplayResult
+	done := make(chan error, 1)
+	relay.testHookBeforeCommit = func(context.Context) error {
+		require.NoError(t, b.rdb.FlushAll(ctx).Err()) // the batch's entries go with the rest
+		go func() {
+			var err error
+			res, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream,
+				Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Hour), InFlightWait: 30 * time.Second})
+			done <- err
+		}()
+		time.Sleep(500 * time.Millisecond) // the replay's read, had it not waited
+		return nil
+	}
+	claimed, err := relay.runOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 10, claimed.claimed)
+	require.NoError(t, <-done)
+	require.Empty(t, res.StillRunning)
+	require.EqualValues(t, 10, res.Republished)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+
+	// A transaction that outlasts the wait: the replay goes on, and says so.
+	long, err := b.db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = long.Rollback(ctx) }()
+	_, err = long.Exec(ctx, `SELECT pg_current_xact_id()`)
+	require.NoError(t, err)
+	res, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream,
+		Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Hour), InFlightWait: 200 * time.Millisecond})
+	require.NoError(t, err)
+	require.Contains(t, res.StillRunning, "had not ended after 200ms")
+	require.EqualValues(t, 10, res.Republished)
+}
