@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/pgtx"
 )
 
 // A publication that stops publishing the table's inserts, even for a
@@ -42,49 +44,82 @@ type Look struct {
 	// of it, or one of its partitions: publicationCoversSQL).
 	Covered bool
 	// Fingerprint names the catalog rows that make the publication publish
-	// the table: the publication's own row version (its oid and xmin: every
-	// CREATE, SET and DROP gives a new one), and those of the entries that
-	// list the table, a partitioned ancestor of it or its schema. Any change
-	// to what it publishes of the table gives another Fingerprint, even one
-	// undone before the next look; adding a child or a partition to it does
-	// not. Empty when the publication does not exist.
+	// the table, by their row versions (oid and xmin), sorted and comma
+	// separated: the publication's own row (every CREATE, SET and DROP gives
+	// a new one) and its entries that list the table, a partitioned
+	// ancestor, a descendant (inheritance child or partition) or the schema
+	// of one of these. An entry that a change removed or rewrote is gone
+	// from it, even if the change was undone before the next look
+	// (DropsFrom); an entry added (a child the relay adds) only adds one.
+	// Empty when the publication does not exist.
 	Fingerprint string
-	// Xmin is the oldest transaction running at the look (a full
-	// transaction id): a transaction that inserts after a change made after
-	// the look has an id at or after it.
-	Xmin int64
+	// Xmin is the look's snapshot's (a full transaction id): a transaction
+	// that inserts after a change made visible after the look has an id at
+	// or after it. Next is the look's own transaction id: every transaction
+	// running at the look (a change among them, even one whose commit is in
+	// the WAL but not yet visible) has an id below it. A snapshot's xmax
+	// would not do: a running transaction's id can be at or above it.
+	Xmin, Next int64
 }
 
-// LookPublication reads what the publication of o publishes of its table now. A row
-// filter or a column list on the table (PostgreSQL 15) is an error, as in
-// Setup.
-func LookPublication(ctx context.Context, q outbox.Querier, o Options) (Look, error) {
+// DropsFrom says whether the fingerprint lacks an entry of old (a
+// fingerprint seen earlier): a change since then removed or rewrote one, so
+// for a while the publication may not have published the table (or a
+// descendant of it), and the slot may have skipped inserts. Entries only
+// added (a child added to the publication) drop nothing.
+func (l Look) DropsFrom(old string) bool {
+	if old == "" {
+		return false
+	}
+	now := map[string]bool{}
+	for _, e := range strings.Split(l.Fingerprint, ",") {
+		now[e] = true
+	}
+	for _, e := range strings.Split(old, ",") {
+		if !now[e] {
+			return true
+		}
+	}
+	return false
+}
+
+// LookPublication reads what the publication of o publishes of its table now,
+// in a transaction of its own (it takes a transaction id: Look.Next; its
+// commit waits for no flush, nor for a synchronous standby). A row filter or
+// a column list on the table (PostgreSQL 15) is an error, as in Setup.
+func LookPublication(ctx context.Context, db pgtx.Beginner, o Options) (Look, error) {
 	o, err := o.withDefaults()
 	if err != nil {
 		return Look{}, err
 	}
-	var version int
-	if err := q.QueryRow(ctx, serverVersionSQL).Scan(&version); err != nil {
-		return Look{}, fmt.Errorf("reading the server's version: %w", err)
-	}
-	schemas := noSchemaEntriesSQL
-	if version >= 150000 {
-		schemas = schemaEntriesSQL
-	}
 	var l Look
-	var inserts *bool
-	err = q.QueryRow(ctx, fmt.Sprintf(lookSQL, publicationCoversSQL, schemas), o.Publication, quotedTable(o.Table)).
-		Scan(&inserts, &l.Covered, &l.Fingerprint, &l.Xmin)
-	if err != nil {
-		return Look{}, fmt.Errorf("looking at publication %s: %w", o.Publication, err)
-	}
-	l.Exists, l.Inserts = inserts != nil, deref(inserts)
-	if l.Exists && l.Covered {
-		if err := checkPublicationFilter(ctx, q, o); err != nil {
-			return Look{}, fmt.Errorf("%w: publication %s %w", ErrPublicationChanged, o.Publication, err)
+	err = pgtx.Run(ctx, db, func(tx pgx.Tx) error {
+		var version int
+		if err := tx.QueryRow(ctx, serverVersionSQL).Scan(&version); err != nil {
+			return fmt.Errorf("reading the server's version: %w", err)
 		}
-	}
-	return l, nil
+		schemas := noSchemaEntriesSQL
+		if version >= 150000 {
+			schemas = schemaEntriesSQL
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+			return fmt.Errorf("looking at publication %s: %w", o.Publication, err)
+		}
+		var inserts *bool
+		err := tx.QueryRow(ctx, fmt.Sprintf(lookSQL, publicationCoversSQL, schemas), o.Publication, quotedTable(o.Table)).
+			Scan(&inserts, &l.Covered, &l.Fingerprint, &l.Xmin, &l.Next)
+		if err != nil {
+			return fmt.Errorf("looking at publication %s: %w", o.Publication, err)
+		}
+		l.Exists, l.Inserts = inserts != nil, deref(inserts)
+		if l.Exists && l.Covered {
+			if err := checkPublicationFilter(ctx, tx, o); err != nil {
+				return fmt.Errorf("%w: publication %s %w", ErrPublicationChanged, o.Publication, err)
+			}
+		}
+		return nil
+	})
+	return l, err
 }
 
 // Problem says what keeps the publication from publishing the table's

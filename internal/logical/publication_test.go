@@ -34,7 +34,15 @@ func TestLookPublicationFingerprint(t *testing.T) {
 
 	exec(`CREATE TABLE outbox_child () INHERITS (outbox_events)`)
 	exec(`ALTER PUBLICATION outbox_events_pub ADD TABLE ONLY outbox_child`)
-	require.Equal(t, first.Fingerprint, look().Fingerprint, "a child added")
+	withChild := look()
+	require.NotEqual(t, first.Fingerprint, withChild.Fingerprint, "the child's entry")
+	require.False(t, withChild.DropsFrom(first.Fingerprint), "a child added drops nothing")
+	exec(`ALTER PUBLICATION outbox_events_pub DROP TABLE ONLY outbox_child`)
+	exec(`ALTER PUBLICATION outbox_events_pub ADD TABLE ONLY outbox_child`)
+	childBack := look()
+	require.True(t, childBack.DropsFrom(withChild.Fingerprint), "the child dropped and added back")
+	require.False(t, childBack.DropsFrom(first.Fingerprint), "the table's own entries are those of the first look")
+	first = childBack
 
 	steps := []struct {
 		sql     string
@@ -59,7 +67,9 @@ func TestLookPublicationFingerprint(t *testing.T) {
 		prev, dup := seen[l.Fingerprint]
 		require.False(t, dup, "after %s: the fingerprint of %q", s.sql, prev)
 		seen[l.Fingerprint] = s.sql
+		require.True(t, l.DropsFrom(first.Fingerprint), "after %s: an entry of the first look is gone", s.sql)
 		require.NotZero(t, l.Xmin)
+		require.Greater(t, l.Next, l.Xmin-1)
 	}
 
 	// A row filter is refused as Setup refuses it.

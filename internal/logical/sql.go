@@ -67,26 +67,32 @@ ORDER BY 1 LIMIT 1`
 	// 15, noSchemaEntriesSQL) reads, in one snapshot, whether the
 	// publication publishes inserts (NULL: it does not exist), whether it
 	// covers the table, its fingerprint (Look.Fingerprint: the row
-	// versions of the publication and of its entries that list the table or
-	// a partitioned ancestor, or their schema) and the snapshot's xmin.
-	lookSQL = `WITH t AS (SELECT to_regclass($2) AS oid),
-tree AS (SELECT oid AS rel FROM t UNION SELECT a.relid FROM t, pg_partition_ancestors(t.oid) AS a),
-p AS (SELECT oid, xmin, pubinsert FROM pg_publication WHERE pubname = $1)
+	// versions, oid and xmin, of the publication and of its entries that
+	// list the table, a partitioned ancestor, a descendant (an inheritance
+	// child or a partition, recursively), or the schema of one of these,
+	// sorted), the snapshot's xmin and the look's own transaction id.
+	lookSQL = `WITH RECURSIVE t AS (SELECT to_regclass($2) AS oid),
+down(rel) AS (SELECT oid FROM t UNION SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.rel),
+tree AS (SELECT rel FROM down UNION SELECT a.relid FROM t, pg_partition_ancestors(t.oid) AS a),
+p AS (SELECT oid, xmin, pubinsert FROM pg_publication WHERE pubname = $1),
+entries AS (
+	SELECT 'p' || p.oid::text || ':' || p.xmin::text AS e FROM p
+	UNION ALL
+	SELECT 'r' || r.oid::text || ':' || r.xmin::text FROM pg_publication_rel r JOIN p ON r.prpubid = p.oid
+		JOIN tree ON r.prrelid = tree.rel
+	UNION ALL
+	%[2]s
+)
 SELECT (SELECT pubinsert FROM p), (%[1]s),
-	CASE WHEN NOT EXISTS (SELECT 1 FROM p) THEN '' ELSE
-		(SELECT p.oid::text || ':' || p.xmin::text FROM p) || '|' ||
-		coalesce((SELECT string_agg(r.oid::text || ':' || r.xmin::text, ',' ORDER BY r.oid)
-			FROM pg_publication_rel r JOIN p ON r.prpubid = p.oid JOIN tree ON r.prrelid = tree.rel), '') || '|' || %[2]s
-	END,
-	pg_snapshot_xmin(pg_current_snapshot())::text::bigint`
+	coalesce((SELECT string_agg(DISTINCT e, ',' ORDER BY e) FROM entries), ''),
+	pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_current_xact_id()::text::bigint`
 
 	// schemaEntriesSQL is lookSQL's part of the fingerprint for FOR TABLES
-	// IN SCHEMA (PostgreSQL 15): the entries of the schemas of the table and
-	// its partitioned ancestors; noSchemaEntriesSQL stands for it before.
-	schemaEntriesSQL = `coalesce((SELECT string_agg(n.oid::text || ':' || n.xmin::text, ',' ORDER BY n.oid)
-			FROM pg_publication_namespace n JOIN p ON n.pnpubid = p.oid
-			JOIN pg_class c ON c.relnamespace = n.pnnspid JOIN tree ON c.oid = tree.rel), '')`
-	noSchemaEntriesSQL = `''`
+	// IN SCHEMA (PostgreSQL 15): the entries of the schemas of the tree's
+	// tables; noSchemaEntriesSQL stands for it before.
+	schemaEntriesSQL = `SELECT 'n' || n.oid::text || ':' || n.xmin::text FROM pg_publication_namespace n JOIN p ON n.pnpubid = p.oid
+		JOIN pg_class c ON c.relnamespace = n.pnnspid JOIN tree ON c.oid = tree.rel`
+	noSchemaEntriesSQL = `SELECT NULL::text WHERE false`
 
 	// serverVersionSQL is the server's version as a number (150004).
 	serverVersionSQL = `SELECT current_setting('server_version_num')::int`

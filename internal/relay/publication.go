@@ -30,12 +30,21 @@ import (
 type pubWatch struct {
 	loaded bool
 	// seen is the fingerprint recorded in the slot's progress row, and the
-	// xmin of the last look that saw it.
+	// xmin of the last confirmed look that saw it.
 	seen outbox.PublicationSeen
+	// candidate is a look that saw the recorded fingerprint, waiting to be
+	// confirmed: its xmin becomes seen's once a later look that still sees
+	// it finds every transaction that was running at it ended (xmin at or
+	// past its Next). A change still in flight at a look (an ALTER whose
+	// commit waits for a synchronous standby, already in the WAL but not yet
+	// visible) is one of those, and a transaction that inserted after it in
+	// the WAL may have committed before the look: the look's xmin does not
+	// bound it, the confirming look sees the change.
+	candidate *logical.Look
 }
 
-// recorded is what RecordProgress records of the publication: the last
-// look that saw the recorded fingerprint (nil before the first look).
+// recorded is what RecordProgress records of the publication: the recorded
+// fingerprint and the last confirmed look (nil before the first look).
 func (w *pubWatch) recorded() *outbox.PublicationSeen {
 	if !w.loaded || w.seen.Fingerprint == "" {
 		return nil
@@ -43,9 +52,23 @@ func (w *pubWatch) recorded() *outbox.PublicationSeen {
 	return &w.seen
 }
 
-// watchPublication looks at the publication of opts and, when it changed
-// since the last look (of this relay, or recorded by another), publishes
-// the gap from the table; see above.
+// saw takes a look that saw the recorded fingerprint (or one that only
+// added entries to it, which becomes the recorded one).
+func (w *pubWatch) saw(look logical.Look) {
+	w.seen.Fingerprint = look.Fingerprint
+	switch {
+	case w.candidate == nil:
+		w.candidate = &look
+	case look.Xmin >= w.candidate.Next:
+		xmin := w.candidate.Xmin
+		w.seen.Xmin, w.candidate = &xmin, &look
+	}
+}
+
+// watchPublication looks at the publication of opts and, when an entry of
+// the fingerprint recorded is gone from it (since the last look of this
+// relay, or as recorded by another), publishes the gap from the table; see
+// above.
 func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, reader *logical.Reader, w *pubWatch) error {
 	if !w.loaded {
 		p, _, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
@@ -59,15 +82,7 @@ func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, read
 		return err
 	}
 	if look.Exists && look.Inserts && !look.Covered {
-		// Dropped from it: the relay made it to publish this table, and
-		// adds the table back as it would make the publication.
-		problem := look.Problem(opts)
-		if err := logical.AddTable(ctx, r.db, opts); err != nil {
-			return fmt.Errorf("%w (adding it back failed: %w)", problem, err)
-		}
-		r.log.Error("The table was dropped from the publication: added it back, and publishing from the table "+
-			"what was inserted meanwhile", "slot", r.cfg.Slot, "table", r.cfg.Table.String())
-		if look, err = logical.LookPublication(ctx, r.db, opts); err != nil {
+		if look, err = r.addTableBack(ctx, opts, look); err != nil {
 			return err
 		}
 	}
@@ -75,25 +90,34 @@ func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, read
 		r.cfg.Metrics.Errors.WithLabelValues(ErrorKindPublicationChanged).Inc()
 		return err // the fingerprint recorded stays the last that published the table
 	}
-	xmin := look.Xmin
-	switch w.seen.Fingerprint {
-	case "": // the slot's first look (or a row of an earlier version): nothing to compare with
-		w.seen = outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: &xmin}
+	if w.seen.Fingerprint == "" {
+		// A slot of an earlier version: nothing to compare with yet (a new
+		// slot's is recorded before it is made, prepareSlot).
+		xmin := look.Xmin
+		w.seen, w.candidate = outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: &xmin}, &look
 		return r.cfg.Table.RecordPublication(ctx, r.db, r.cfg.Slot, w.seen)
-	case look.Fingerprint:
-		w.seen.Xmin = &xmin
+	}
+	if !look.DropsFrom(w.seen.Fingerprint) {
+		w.saw(look)
 		return nil
 	}
 	r.log.Error("The publication changed since the relay last looked at it (ALTER PUBLICATION, or DROP and CREATE): "+
 		"the slot skips what was inserted while it did not publish the table; publishing from the table the rows "+
 		"inserted since that look", "slot", r.cfg.Slot, "publication", cmpPublication(opts))
 	r.cfg.Metrics.Errors.WithLabelValues(ErrorKindPublicationChanged).Inc()
-	start, err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot, false,
-		&outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: w.seen.Xmin})
+	p, ok, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
 	if err != nil {
 		return err
 	}
-	p, ok, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
+	if p.CatchUpPending {
+		// Another relay recorded a catch-up of a new slot meanwhile (this
+		// one's was lost): it reads more than a gap's, so it must not be
+		// ended by one. Starting over does it, and finds the gap again.
+		return fmt.Errorf("%w: publication %s changed, and a catch-up of slot %s is due: starting over",
+			logical.ErrPublicationChanged, cmpPublication(opts), r.cfg.Slot)
+	}
+	start, err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot, false,
+		&outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: w.seen.Xmin})
 	if err != nil {
 		return err
 	}
@@ -102,8 +126,35 @@ func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, read
 	if err := r.catchUp(ctx, *due, reader); err != nil {
 		return err
 	}
-	w.seen = outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: &xmin}
+	// The catch-up read every row committed before its snapshot, after
+	// this look: the look's xmin bounds the next gap once confirmed.
+	w.seen.Fingerprint, w.candidate = look.Fingerprint, &look
 	return nil
+}
+
+// addTableBack adds the table to its publication again (look: it exists,
+// publishes inserts and does not cover the table), as the relay would
+// create the publication, and looks again.
+func (r *Relay) addTableBack(ctx context.Context, opts logical.Options, look logical.Look) (logical.Look, error) {
+	if err := logical.AddTable(ctx, r.db, opts); err != nil {
+		return look, fmt.Errorf("%w (adding it back failed: %w)", look.Problem(opts), err)
+	}
+	r.log.Error("The table was dropped from the publication: added it back, and publishing from the table "+
+		"what was inserted meanwhile", "slot", r.cfg.Slot, "table", r.cfg.Table.String())
+	return logical.LookPublication(ctx, r.db, opts)
+}
+
+// recordPublicationBaseline records what the publication is before a new
+// slot is made: a change after this look is in the slot's stream's time,
+// and the first look of the stream finds it; what was committed before the
+// slot, the slot's catch-up reads.
+func (r *Relay) recordPublicationBaseline(ctx context.Context, opts logical.Options) error {
+	look, err := logical.LookPublication(ctx, r.db, opts)
+	if err != nil {
+		return err
+	}
+	xmin := look.Xmin
+	return r.cfg.Table.RecordPublication(ctx, r.db, r.cfg.Slot, outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: &xmin})
 }
 
 // cmpPublication is the name of the publication of opts.
@@ -116,7 +167,9 @@ func cmpPublication(opts logical.Options) string {
 
 // waitBelowHoldingSlot waits until every transaction with an id below xid
 // has ended (those running when a catch-up was recorded), keeping the slot
-// alive, and logs once a minute while one holds it back.
+// alive. A minute on, the relay is not ready, with the reason, and logs it
+// once a minute: the catch-up cannot read before (a transaction among them
+// may have inserted rows the slot skipped), and streams nothing meanwhile.
 func (r *Relay) waitBelowHoldingSlot(ctx context.Context, xid int64, reader *logical.Reader) error {
 	start, logged := time.Now(), time.Now()
 	for {
@@ -128,9 +181,12 @@ func (r *Relay) waitBelowHoldingSlot(ctx context.Context, xid int64, reader *log
 			return fmt.Errorf("holding slot %s while waiting for transactions to end: %w", r.cfg.Slot, err)
 		}
 		if time.Since(logged) >= time.Minute {
-			r.log.Warn("A catch-up waits for transactions running when it was recorded to end (one of them may have "+
-				"inserted rows the slot skipped); see pg_stat_activity for old transactions", "slot", r.cfg.Slot,
-				"waited", time.Since(start).Round(time.Second).String())
+			err := fmt.Errorf("a catch-up of slot %s has waited %s for the transactions running when it was recorded "+
+				"to end (one of them may have inserted rows the slot skipped); end the oldest (pg_stat_activity's "+
+				"backend_xid and backend_xmin, and pg_prepared_xacts, in every database of the server)",
+				r.cfg.Slot, time.Since(start).Round(time.Second))
+			r.setErr(err)
+			r.log.Warn("Catch-up waiting for old transactions", "slot", r.cfg.Slot, "error", err.Error())
 			logged = time.Now()
 		}
 		if sleep(ctx, 50*time.Millisecond, nil); ctx.Err() != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -228,10 +229,22 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 	// lost, and may not have recorded its catch-up yet, or never will), the
 	// slot this relay creates needs a catch-up, recorded due first.
 	opts.BeforeCreateSlot = func(ctx context.Context) error {
-		if due != nil {
-			return nil
+		if due == nil {
+			if err := startCatchUp(ctx, true); err != nil {
+				return err
+			}
 		}
-		return startCatchUp(ctx, true)
+		return r.recordPublicationBaseline(ctx, opts)
+	}
+	if ok && p.Publication.Fingerprint != "" {
+		// The table dropped from the publication while no relay streamed:
+		// added back, as while streaming; the first look finds the gap.
+		look, err := logical.LookPublication(ctx, r.db, opts)
+		if err == nil && look.Exists && look.Inserts && !look.Covered {
+			if _, err := r.addTableBack(ctx, opts, look); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if r.testHookBeforeSetup != nil {
 		r.testHookBeforeSetup(ctx)
@@ -339,7 +352,7 @@ func (r *Relay) catchUp(ctx context.Context, due catchUpDue, reader *logical.Rea
 			"and its own catch-up is due: starting over", r.cfg.Slot, total)
 	}
 	r.log.Info("Caught up from the table before streaming", "slot", r.cfg.Slot, "events", total,
-		"since", fmtTime(since), "took", time.Since(start).String())
+		"since", fmtTime(since), "horizon", fmtXid(due.horizon), "took", time.Since(start).String())
 	return nil
 }
 
@@ -460,4 +473,12 @@ func (r *Relay) publishStreamed(ctx context.Context, events []outbox.Event, star
 	}
 	r.committed(events, published, dead, start)
 	return nil
+}
+
+// fmtXid is a full transaction id for the log ("none": nil).
+func fmtXid(x *int64) string {
+	if x == nil {
+		return "none"
+	}
+	return strconv.FormatInt(*x, 10)
 }

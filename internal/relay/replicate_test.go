@@ -730,3 +730,146 @@ func TestReplicationPublishesWhatThePublicationSkipped(t *testing.T) {
 	require.NoError(t, stop())
 	requireAtLeastOnce(t, b.readStream(t, b.stream), all)
 }
+
+// A publication changed while a new slot's first catch-up reads the table
+// (found by a review): the first look of the stream took what it saw as the
+// baseline, and the rows inserted while the table was out were lost. The
+// baseline is recorded before the slot is made.
+func TestReplicationPublicationChangedDuringTheFirstCatchUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	cfg := b.replicating(t, Config{Slot: "relay_publication_first", BatchSize: 10, PollInterval: 100 * time.Millisecond,
+		CatchUpMargin: time.Second})
+	before := b.insertNow(t, 3)
+	r := b.newRelay(t, cfg)
+	var gap []string
+	var once atomic.Bool
+	r.testHookCatchUp = func(ctx context.Context, done bool) error {
+		if !done || !once.CompareAndSwap(false, true) {
+			return nil
+		}
+		_, err := b.db.Exec(ctx, `ALTER PUBLICATION outbox_events_pub DROP TABLE outbox_events`)
+		require.NoError(t, err)
+		gap = b.insertNow(t, 3)
+		_, err = b.db.Exec(ctx, `ALTER PUBLICATION outbox_events_pub ADD TABLE outbox_events`)
+		require.NoError(t, err)
+		return nil
+	}
+	stop := runInBackground(t, r)
+	b.waitStream(t, before)
+	after := b.insertNow(t, 1)
+	b.waitStream(t, slices.Concat(before, gap, after))
+	require.NoError(t, stop())
+}
+
+// An inheritance child dropped from the publication and added back between
+// two looks (found by a review): the child's entry is in the fingerprint,
+// so the rows inserted into it meanwhile are published from the table,
+// while the children the relay adds itself change nothing.
+func TestReplicationChildDroppedAndAddedBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	exec := func(sql string) {
+		t.Helper()
+		_, err := b.db.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	exec(`CREATE TABLE outbox_c1 () INHERITS (outbox_events)`)
+	cfg := b.replicating(t, Config{Slot: "relay_publication_child", BatchSize: 10, PollInterval: 100 * time.Millisecond,
+		CatchUpMargin: time.Second})
+	stop := runInBackground(t, b.newRelay(t, cfg))
+	b.waitCaughtUp(t, cfg.Slot)
+	insertChild := func(n int) []string {
+		return b.insertIn(t, "UTC", fmt.Sprintf(`INSERT INTO outbox_c1 (event_type, payload)
+			SELECT 'c1', '{}' FROM generate_series(1, %d) RETURNING id::text`, n))
+	}
+	all := insertChild(2)
+	b.waitStream(t, all)
+	time.Sleep(1500 * time.Millisecond) // a look that saw c1 in the publication
+	exec(`ALTER PUBLICATION outbox_events_pub DROP TABLE ONLY outbox_c1`)
+	all = append(all, insertChild(3)...)
+	exec(`ALTER PUBLICATION outbox_events_pub ADD TABLE ONLY outbox_c1`)
+	all = append(all, insertChild(1)...)
+	b.waitStream(t, all)
+	require.NoError(t, stop())
+}
+
+// A change whose commit is in the WAL but not yet visible when the relay
+// looks (it waits for a synchronous standby; found by a review): a
+// transaction that inserted after it and committed first is older than
+// that look's xmin. A look's xmin bounds a gap only once a later look saw
+// every transaction then running end; the change is one. Its own server:
+// the case sets synchronous_standby_names.
+func TestReplicationPublicationChangeWaitingForASynchronousStandby(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgres(t)
+	b := setup(t, bundleOpts{dsn: pg.DSN()})
+	ctx := context.Background()
+	cfg := b.replicating(t, Config{Slot: "relay_publication_syncrep", BatchSize: 10, PollInterval: 100 * time.Millisecond,
+		CatchUpMargin: time.Second})
+	stop := runInBackground(t, b.newRelay(t, cfg))
+	b.waitCaughtUp(t, cfg.Slot)
+	all := b.insertNow(t, 2)
+	b.waitStream(t, all)
+	exec := func(sql string) {
+		t.Helper()
+		_, err := b.db.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	insertIn := func(tx pgx.Tx, n int) []string {
+		rows, err := tx.Query(ctx, `INSERT INTO outbox_events (event_type, payload)
+			SELECT 'gap', '{}' FROM generate_series(1, $1) RETURNING id::text`, n)
+		require.NoError(t, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return ids
+	}
+	producer, err := b.db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = producer.Rollback(ctx) }()
+	all = append(all, insertIn(producer, 1)...)
+	// Others insert before the DROP and commit after the producer, a
+	// second apart: their rows are streamed, and the progress they record
+	// moves the slot's own horizon past the producer.
+	others := make([]pgx.Tx, 3)
+	for i := range others {
+		conn, err := pgx.Connect(ctx, pg.DSN())
+		require.NoError(t, err)
+		defer func() { _ = conn.Close(ctx) }()
+		others[i], err = conn.Begin(ctx)
+		require.NoError(t, err)
+		all = append(all, insertIn(others[i], 1)...)
+	}
+	exec(`ALTER SYSTEM SET synchronous_standby_names = 'nosuch'`)
+	exec(`SELECT pg_reload_conf()`)
+	time.Sleep(500 * time.Millisecond)
+	dropped := make(chan error, 1)
+	go func() {
+		conn, err := pgx.Connect(ctx, pg.DSN())
+		if err == nil {
+			defer func() { _ = conn.Close(ctx) }()
+			_, err = conn.Exec(ctx, `SET synchronous_commit = on; ALTER PUBLICATION outbox_events_pub DROP TABLE outbox_events`)
+		}
+		dropped <- err
+	}()
+	var pid int
+	waitFor(t, "the DROP waiting for the standby", func() bool {
+		return b.db.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'`).Scan(&pid) == nil
+	})
+	all = append(all, insertIn(producer, 3)...) // after the DROP in the WAL: skipped
+	require.NoError(t, producer.Commit(ctx))
+	for _, o := range others {
+		time.Sleep(1200 * time.Millisecond) // the relay looks while the DROP is invisible
+		require.NoError(t, o.Commit(ctx))
+	}
+	time.Sleep(3 * time.Second)
+	exec(fmt.Sprintf(`SELECT pg_cancel_backend(%d)`, pid)) // the DROP, committed locally, becomes visible
+	// The cancel ends the wait; the DROP stays committed (PostgreSQL warns).
+	require.NoError(t, <-dropped)
+	exec(`ALTER SYSTEM RESET synchronous_standby_names`)
+	exec(`SELECT pg_reload_conf()`)
+	all = append(all, b.insertNow(t, 1)...)
+	b.waitStream(t, all)
+	require.NoError(t, stop())
+}
