@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -60,6 +62,9 @@ type Look struct {
 	// the WAL but not yet visible) has an id below it. A snapshot's xmax
 	// would not do: a running transaction's id can be at or above it.
 	Xmin, Next int64
+	// tree is the oids of the table, its partitioned ancestors and its
+	// descendants at the look.
+	tree []int64
 }
 
 // DropsFrom says whether the fingerprint lacks an entry of old (a
@@ -67,6 +72,10 @@ type Look struct {
 // for a while the publication may not have published the table (or a
 // descendant of it), and the slot may have skipped inserts. Entries only
 // added (a child added to the publication) drop nothing.
+//
+// An entry of a table no longer in the tree (a child dropped, or detached,
+// or no longer inheriting) drops nothing either: that table's rows are not
+// the outbox's any more.
 func (l Look) DropsFrom(old string) bool {
 	if old == "" {
 		return false
@@ -76,11 +85,22 @@ func (l Look) DropsFrom(old string) bool {
 		now[e] = true
 	}
 	for _, e := range strings.Split(old, ",") {
-		if !now[e] {
+		if !now[e] && !l.leftTheTree(e) {
 			return true
 		}
 	}
 	return false
+}
+
+// leftTheTree says whether e is the entry of a table (r<oid>:<xmin>:<relid>)
+// that is not in the look's tree.
+func (l Look) leftTheTree(e string) bool {
+	parts := strings.Split(e, ":")
+	if !strings.HasPrefix(e, "r") || len(parts) != 3 {
+		return false
+	}
+	rel, err := strconv.ParseInt(parts[2], 10, 64)
+	return err == nil && !slices.Contains(l.tree, rel)
 }
 
 // LookPublication reads what the publication of o publishes of its table now,
@@ -107,7 +127,7 @@ func LookPublication(ctx context.Context, db pgtx.Beginner, o Options) (Look, er
 		}
 		var inserts *bool
 		err := tx.QueryRow(ctx, fmt.Sprintf(lookSQL, publicationCoversSQL, schemas), o.Publication, quotedTable(o.Table)).
-			Scan(&inserts, &l.Covered, &l.Fingerprint, &l.Xmin, &l.Next)
+			Scan(&inserts, &l.Covered, &l.Fingerprint, &l.tree, &l.Xmin, &l.Next)
 		if err != nil {
 			return fmt.Errorf("looking at publication %s: %w", o.Publication, err)
 		}

@@ -42,6 +42,8 @@ func TestLookPublicationFingerprint(t *testing.T) {
 	childBack := look()
 	require.True(t, childBack.DropsFrom(withChild.Fingerprint), "the child dropped and added back")
 	require.False(t, childBack.DropsFrom(first.Fingerprint), "the table's own entries are those of the first look")
+	exec(`DROP TABLE outbox_child`)
+	require.False(t, look().DropsFrom(childBack.Fingerprint), "a child dropped is no longer the outbox's")
 	first = childBack
 
 	steps := []struct {

@@ -69,8 +69,9 @@ ORDER BY 1 LIMIT 1`
 	// covers the table, its fingerprint (Look.Fingerprint: the row
 	// versions, oid and xmin, of the publication and of its entries that
 	// list the table, a partitioned ancestor, a descendant (an inheritance
-	// child or a partition, recursively), or the schema of one of these,
-	// sorted), the snapshot's xmin and the look's own transaction id.
+	// child or a partition, recursively; with the relation's oid), or the
+	// schema of one of these, sorted), the oids of those tables, the
+	// snapshot's xmin and the look's own transaction id.
 	lookSQL = `WITH RECURSIVE t AS (SELECT to_regclass($2) AS oid),
 down(rel) AS (SELECT oid FROM t UNION SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.rel),
 tree AS (SELECT rel FROM down UNION SELECT a.relid FROM t, pg_partition_ancestors(t.oid) AS a),
@@ -78,13 +79,14 @@ p AS (SELECT oid, xmin, pubinsert FROM pg_publication WHERE pubname = $1),
 entries AS (
 	SELECT 'p' || p.oid::text || ':' || p.xmin::text AS e FROM p
 	UNION ALL
-	SELECT 'r' || r.oid::text || ':' || r.xmin::text FROM pg_publication_rel r JOIN p ON r.prpubid = p.oid
+	SELECT 'r' || r.oid::text || ':' || r.xmin::text || ':' || r.prrelid::oid::text FROM pg_publication_rel r JOIN p ON r.prpubid = p.oid
 		JOIN tree ON r.prrelid = tree.rel
 	UNION ALL
 	%[2]s
 )
 SELECT (SELECT pubinsert FROM p), (%[1]s),
 	coalesce((SELECT string_agg(DISTINCT e, ',' ORDER BY e) FROM entries), ''),
+	coalesce((SELECT array_agg(rel::oid::bigint) FROM tree WHERE rel IS NOT NULL), '{}'),
 	pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_current_xact_id()::text::bigint`
 
 	// schemaEntriesSQL is lookSQL's part of the fingerprint for FOR TABLES

@@ -77,6 +77,11 @@ type PublicationSeen struct {
 	Xmin        *int64
 }
 
+// ErrCatchUpPending: StartCatchUp of a publication's gap found a catch-up
+// due already (of a new slot, recorded by another relay): a gap's catch-up
+// reads less, and must not end it. The caller starts over, doing that one.
+var ErrCatchUpPending = errors.New("a catch-up of the slot is due already")
+
 // CatchUpStart is a catch-up recorded due (StartCatchUp).
 type CatchUpStart struct {
 	// ID is the catch-up's.
@@ -157,6 +162,9 @@ func (t *Table) StartCatchUp(ctx context.Context, q Querier, slot string, newSlo
 	var id int64
 	var c CatchUpStart
 	err := q.QueryRow(ctx, t.progress(startCatchUpSQL), slot, newSlot, horizon, fingerprint).Scan(&id, &c.After, &c.Horizon)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return CatchUpStart{}, ErrCatchUpPending
+	}
 	if err != nil {
 		return CatchUpStart{}, t.classify(fmt.Errorf("recording a catch-up in %s: %w", t.ProgressTable(), err))
 	}
@@ -210,7 +218,9 @@ func (t *Table) RecordProgress(ctx context.Context, q Querier, slot string, last
 }
 
 // RecordPublication records what the slot's relay saw of its publication
-// (a first look; RecordProgress records the later ones).
+// when nothing is recorded yet (a first look; RecordProgress records the
+// later ones): a fingerprint recorded earlier stays, so that a change since
+// is found by the next look.
 func (t *Table) RecordPublication(ctx context.Context, q Querier, slot string, seen PublicationSeen) error {
 	if _, err := q.Exec(ctx, t.progress(recordPublicationSQL), slot, seen.Fingerprint, seen.Xmin); err != nil {
 		return t.classify(fmt.Errorf("recording the publication's fingerprint in %s: %w", t.ProgressTable(), err))
@@ -503,9 +513,14 @@ func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, rete
 	if err != nil {
 		return 0, time.Time{}, t.classify(fmt.Errorf("reading the progress log %s: %w", t.ProgressLogTableName(), err))
 	}
-	horizon := p.XminHorizon // the lower of the two keeps more
-	if agedHorizon != nil && (horizon == nil || *agedHorizon < *horizon) {
-		horizon = agedHorizon
+	horizon := p.XminHorizon // the lowest keeps most
+	// The last confirmed look at the publication: a gap found and not yet
+	// recorded (the publication publishes no inserts, until it is fixed)
+	// reads from it.
+	for _, h := range []*int64{agedHorizon, p.Publication.Xmin} {
+		if h != nil && (horizon == nil || *h < *horizon) {
+			horizon = h
+		}
 	}
 	now, err := Now(ctx, q)
 	if err != nil {

@@ -458,6 +458,8 @@ func TestCatchUpOfAPublicationsGap(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ended)
 	require.NoError(t, other.Rollback(ctx))
+	_, err = tbl.StartCatchUp(ctx, db, "s", false, &PublicationSeen{Fingerprint: "5:1|", Xmin: ptr(xid)})
+	require.ErrorIs(t, err, ErrCatchUpPending, "a gap does not take over a catch-up due")
 	p = read()
 	require.True(t, p.CatchUpPending)
 	require.Equal(t, "3:900|4:901|", p.Publication.Fingerprint)

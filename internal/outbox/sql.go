@@ -442,7 +442,8 @@ CREATE TABLE IF NOT EXISTS %[15]s (
 	// gap insert rows the slot skips, and commit whenever they end. $3, the xmin of the last look at
 	// the publication before it changed (NULL: not a publication's gap),
 	// lowers the horizon to it, and its wait too is now's; $4 is the
-	// publication's fingerprint since (NULL: unchanged).
+	// publication's fingerprint since (NULL: unchanged). A gap's finds no
+	// row when a catch-up is due already (ErrCatchUpPending).
 	startCatchUpSQL = `INSERT INTO %[14]s AS p (slot, catch_up_pending, catch_up_id, catch_up_after, xmin_horizon, pub_fingerprint)
 VALUES ($1, true, 1, pg_current_xact_id()::text::bigint, $3::bigint, $4::text)
 ON CONFLICT (slot) DO UPDATE SET
@@ -456,6 +457,7 @@ ON CONFLICT (slot) DO UPDATE SET
 	xmin_sampled_at = CASE WHEN $3::bigint IS NULL THEN p.xmin_sampled_at END,
 	pub_fingerprint = coalesce($4::text, p.pub_fingerprint),
 	updated_at = now()
+WHERE $3::bigint IS NULL OR NOT p.catch_up_pending
 RETURNING catch_up_id, catch_up_after, xmin_horizon`
 
 	// finishCatchUpSQL (with %[14]s the progress table) records catch-up $3
@@ -477,9 +479,11 @@ WHERE p.slot = $1
 RETURNING NOT p.catch_up_pending`
 
 	// recordPublicationSQL (with %[14]s the progress table) records what
-	// slot $1's relay saw of its publication: fingerprint $2, at a look of
-	// xmin $3.
-	recordPublicationSQL = `UPDATE %[14]s SET pub_fingerprint = $2, pub_xmin = $3, updated_at = now() WHERE slot = $1`
+	// slot $1's relay saw of its publication, fingerprint $2 at a look of
+	// xmin $3, unless one is recorded: that one's gap, if any, is not
+	// found yet (a new slot made after it, or by another relay meanwhile).
+	recordPublicationSQL = `UPDATE %[14]s SET pub_fingerprint = coalesce(pub_fingerprint, $2),
+	pub_xmin = CASE WHEN pub_fingerprint IS NULL THEN $3 ELSE pub_xmin END, updated_at = now() WHERE slot = $1`
 
 	// recordProgressSQL moves last_commit forward only; $3 ends a catch-up
 	// recorded without an id only (by a relay of an earlier version): one

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -70,12 +71,13 @@ func (w *pubWatch) saw(look logical.Look) {
 // relay, or as recorded by another), publishes the gap from the table; see
 // above.
 func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, reader *logical.Reader, w *pubWatch) error {
+	var horizon *int64 // the slot's own xmin horizon, for a first look
 	if !w.loaded {
 		p, _, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
 		if err != nil {
 			return err
 		}
-		w.seen, w.loaded = p.Publication, true
+		w.seen, w.loaded, horizon = p.Publication, true, p.XminHorizon
 	}
 	look, err := logical.LookPublication(ctx, r.db, opts)
 	if err != nil {
@@ -92,8 +94,13 @@ func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, read
 	}
 	if w.seen.Fingerprint == "" {
 		// A slot of an earlier version: nothing to compare with yet (a new
-		// slot's is recorded before it is made, prepareSlot).
+		// slot's is recorded before it is made, prepareSlot). The look is
+		// not confirmed: the slot's horizon, which the stream has not
+		// passed, bounds a change in flight at it.
 		xmin := look.Xmin
+		if horizon != nil && *horizon < xmin {
+			xmin = *horizon
+		}
 		w.seen, w.candidate = outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: &xmin}, &look
 		return r.cfg.Table.RecordPublication(ctx, r.db, r.cfg.Slot, w.seen)
 	}
@@ -109,15 +116,15 @@ func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, read
 	if err != nil {
 		return err
 	}
-	if p.CatchUpPending {
+	start, err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot, false,
+		&outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: w.seen.Xmin})
+	if errors.Is(err, outbox.ErrCatchUpPending) {
 		// Another relay recorded a catch-up of a new slot meanwhile (this
 		// one's was lost): it reads more than a gap's, so it must not be
 		// ended by one. Starting over does it, and finds the gap again.
-		return fmt.Errorf("%w: publication %s changed, and a catch-up of slot %s is due: starting over",
-			logical.ErrPublicationChanged, cmpPublication(opts), r.cfg.Slot)
+		return fmt.Errorf("%w: publication %s changed, and %w: starting over",
+			logical.ErrPublicationChanged, cmpPublication(opts), err)
 	}
-	start, err := r.cfg.Table.StartCatchUp(ctx, r.db, r.cfg.Slot, false,
-		&outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: w.seen.Xmin})
 	if err != nil {
 		return err
 	}
