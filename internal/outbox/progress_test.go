@@ -474,3 +474,27 @@ func TestCatchUpOfAPublicationsGap(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A gap of the publication found and not recorded yet (the relay reports a
+// publication without inserts until it is fixed) reads from the last
+// confirmed look: cleanup keeps the rows at or after it, however old their
+// created_at (a long transaction's).
+func TestDeleteStreamedKeepsRowsAfterTheLastConfirmedLook(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, tbl.DDL(DDLOptions{}))
+	ctx := context.Background()
+	require.NoError(t, tbl.EnsureProgressTable(ctx, db))
+	var look int64
+	require.NoError(t, db.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&look))
+	_, err := db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES ('t', 'long', now() - interval '6 hours')`)
+	require.NoError(t, err)
+	now, err := Now(ctx, db)
+	require.NoError(t, err)
+	logProgress(t, tbl, db, 2*time.Hour, now)
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, true, &PublicationSeen{Fingerprint: "p1:1", Xmin: ptr(look + 1)}))
+	n, _, err := tbl.DeleteStreamed(ctx, db, "s", time.Hour, time.Minute, 10)
+	require.NoError(t, err)
+	require.Zero(t, n, "the row inserted after the last confirmed look stays")
+	require.Equal(t, []string{"long"}, payloadsLeft(t, db))
+}
