@@ -49,6 +49,12 @@ type Options struct {
 	BeforeCreateSlot func(ctx context.Context) error
 }
 
+// PublicationName is the publication of o: Publication, or by default the
+// table's (outbox.Table.PublicationName).
+func (o Options) PublicationName() string {
+	return cmp.Or(o.Publication, o.Table.PublicationName())
+}
+
 // withDefaults validates o and fills in the defaults.
 func (o Options) withDefaults() (Options, error) {
 	if o.Table == nil {
@@ -57,7 +63,7 @@ func (o Options) withDefaults() (Options, error) {
 	if err := ValidateSlot(o.Slot); err != nil {
 		return o, err
 	}
-	o.Publication = cmp.Or(o.Publication, o.Table.PublicationName())
+	o.Publication = o.PublicationName()
 	if err := outbox.ValidateIdentifier("publication", o.Publication); err != nil {
 		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}

@@ -114,9 +114,9 @@ func LookPublication(ctx context.Context, db pgtx.Beginner, o Options) (Look, er
 	}
 	var l Look
 	err = pgtx.Run(ctx, db, func(tx pgx.Tx) error {
-		var version int
-		if err := tx.QueryRow(ctx, serverVersionSQL).Scan(&version); err != nil {
-			return fmt.Errorf("reading the server's version: %w", err)
+		version, err := serverVersion(ctx, tx)
+		if err != nil {
+			return err
 		}
 		schemas := noSchemaEntriesSQL
 		if version >= 150000 {
@@ -126,14 +126,14 @@ func LookPublication(ctx context.Context, db pgtx.Beginner, o Options) (Look, er
 			return fmt.Errorf("looking at publication %s: %w", o.Publication, err)
 		}
 		var inserts *bool
-		err := tx.QueryRow(ctx, fmt.Sprintf(lookSQL, publicationCoversSQL, schemas), o.Publication, quotedTable(o.Table)).
+		err = tx.QueryRow(ctx, fmt.Sprintf(lookSQL, publicationCoversSQL, schemas), o.Publication, quotedTable(o.Table)).
 			Scan(&inserts, &l.Covered, &l.Fingerprint, &l.tree, &l.Xmin, &l.Next)
 		if err != nil {
 			return fmt.Errorf("looking at publication %s: %w", o.Publication, err)
 		}
 		l.Exists, l.Inserts = inserts != nil, deref(inserts)
 		if l.Exists && l.Covered {
-			if err := checkPublicationFilter(ctx, tx, o); err != nil {
+			if err := checkPublicationFilter(ctx, tx, o, version); err != nil {
 				return fmt.Errorf("%w: publication %s %w", ErrPublicationChanged, o.Publication, err)
 			}
 		}

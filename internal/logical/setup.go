@@ -81,18 +81,27 @@ func setupPublication(ctx context.Context, q outbox.Querier, o Options) error {
 		return fmt.Errorf("exists but does not cover table %s: ALTER PUBLICATION %s ADD TABLE %s, or name another publication",
 			o.Table, o.Publication, o.Table)
 	}
-	return checkPublicationFilter(ctx, q, o)
+	version, err := serverVersion(ctx, q)
+	if err != nil {
+		return err
+	}
+	return checkPublicationFilter(ctx, q, o, version)
+}
+
+// serverVersion reads the server's version as a number (150004).
+func serverVersion(ctx context.Context, q outbox.Querier) (int, error) {
+	var version int
+	if err := q.QueryRow(ctx, serverVersionSQL).Scan(&version); err != nil {
+		return 0, fmt.Errorf("reading the server's version: %w", err)
+	}
+	return version, nil
 }
 
 // checkPublicationFilter refuses a publication that lists the table (or a
 // relation of its tree) with a row filter or a column list (PostgreSQL 15):
 // pgoutput leaves out the rows a filter rejects, and the slot is then
 // confirmed past them, so their events would be lost without a trace.
-func checkPublicationFilter(ctx context.Context, q outbox.Querier, o Options) error {
-	var version int
-	if err := q.QueryRow(ctx, serverVersionSQL).Scan(&version); err != nil {
-		return fmt.Errorf("reading the server's version: %w", err)
-	}
+func checkPublicationFilter(ctx context.Context, q outbox.Querier, o Options, version int) error {
 	if version < 150000 {
 		return nil // no row filters or column lists before PostgreSQL 15
 	}

@@ -110,7 +110,7 @@ func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, read
 	}
 	r.log.Error("The publication changed since the relay last looked at it (ALTER PUBLICATION, or DROP and CREATE): "+
 		"the slot skips what was inserted while it did not publish the table; publishing from the table the rows "+
-		"inserted since that look", "slot", r.cfg.Slot, "publication", cmpPublication(opts))
+		"inserted since that look", "slot", r.cfg.Slot, "publication", opts.PublicationName())
 	r.cfg.Metrics.Errors.WithLabelValues(ErrorKindPublicationChanged).Inc()
 	p, ok, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
 	if err != nil {
@@ -123,7 +123,7 @@ func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, read
 		// one's was lost): it reads more than a gap's, so it must not be
 		// ended by one. Starting over does it, and finds the gap again.
 		return fmt.Errorf("%w: publication %s changed, and %w: starting over",
-			logical.ErrPublicationChanged, cmpPublication(opts), err)
+			logical.ErrPublicationChanged, opts.PublicationName(), err)
 	}
 	if err != nil {
 		return err
@@ -162,14 +162,6 @@ func (r *Relay) recordPublicationBaseline(ctx context.Context, opts logical.Opti
 	}
 	xmin := look.Xmin
 	return r.cfg.Table.RecordPublication(ctx, r.db, r.cfg.Slot, outbox.PublicationSeen{Fingerprint: look.Fingerprint, Xmin: &xmin})
-}
-
-// cmpPublication is the name of the publication of opts.
-func cmpPublication(opts logical.Options) string {
-	if opts.Publication != "" {
-		return opts.Publication
-	}
-	return opts.Table.PublicationName()
 }
 
 // waitBelowHoldingSlot waits until every transaction with an id below xid

@@ -259,14 +259,22 @@ func waitRunningNow(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, 
 	if err := db.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
 		return false, fmt.Errorf("reading a transaction id: %w", err)
 	}
-	deadline := time.Now().Add(wait)
+	return waitEndedBelow(ctx, table, db, xid, time.Now().Add(wait))
+}
+
+// waitEndedBelow waits until every transaction with an id below xid has
+// ended, ctx ends or the deadline passes (a long transaction elsewhere on
+// the server holds the oldest running id back), and says whether they did.
+// A failed look is looked again; the last failure is returned at the
+// deadline.
+func waitEndedBelow(ctx context.Context, table *outbox.Table, db outbox.Querier, xid int64, deadline time.Time) (bool, error) {
 	for {
 		ended, err := table.TransactionsEndedBelow(ctx, db, xid)
-		if err != nil || ended {
-			return ended, err
+		if err == nil && ended {
+			return true, nil
 		}
 		if !time.Now().Before(deadline) {
-			return false, nil
+			return false, err
 		}
 		select {
 		case <-ctx.Done():

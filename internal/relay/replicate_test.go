@@ -105,6 +105,24 @@ func (b *testBundle) insertNow(t *testing.T, n int) []string {
 	return ids
 }
 
+// exec runs a statement on the bundle's database, failing the test on error.
+func (b *testBundle) exec(t *testing.T, sql string) {
+	t.Helper()
+	_, err := b.db.Exec(context.Background(), sql)
+	require.NoError(t, err)
+}
+
+// insertInTx writes n events in tx (not committed) and returns their ids.
+func insertInTx(t *testing.T, tx pgx.Tx, n int) []string {
+	t.Helper()
+	rows, err := tx.Query(context.Background(), `INSERT INTO outbox_events (event_type, payload)
+		SELECT 'gap', '{}' FROM generate_series(1, $1) RETURNING id::text`, n)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return ids
+}
+
 func TestReplicationCatchesUpThenStreamsInCommitOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
@@ -649,19 +667,6 @@ func TestReplicationPublishesWhatThePublicationSkipped(t *testing.T) {
 	b.waitCaughtUp(t, cfg.Slot)
 	all := b.insertNow(t, 3)
 	b.waitStream(t, all)
-	exec := func(sql string) {
-		t.Helper()
-		_, err := b.db.Exec(ctx, sql)
-		require.NoError(t, err)
-	}
-	insertIn := func(tx pgx.Tx, n int) []string {
-		rows, err := tx.Query(ctx, `INSERT INTO outbox_events (event_type, payload)
-			SELECT 'gap', '{}' FROM generate_series(1, $1) RETURNING id::text`, n)
-		require.NoError(t, err)
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		return ids
-	}
 
 	// Dropped and added again at once, with a transaction that inserts in
 	// the gap and commits well after the relay saw the change: the catch-up
@@ -674,9 +679,9 @@ func TestReplicationPublishesWhatThePublicationSkipped(t *testing.T) {
 	time.Sleep(2 * cfg.CatchUpMargin) // the catch-up's bound by time passes its start
 	all = append(all, b.insertNow(t, 1)...)
 	b.waitStream(t, all)
-	exec(`ALTER PUBLICATION outbox_events_pub DROP TABLE outbox_events`)
-	gap := append(insertIn(long, 2), b.insertNow(t, 2)...)
-	exec(`ALTER PUBLICATION outbox_events_pub ADD TABLE outbox_events`)
+	b.exec(t, `ALTER PUBLICATION outbox_events_pub DROP TABLE outbox_events`)
+	gap := append(insertInTx(t, long, 2), b.insertNow(t, 2)...)
+	b.exec(t, `ALTER PUBLICATION outbox_events_pub ADD TABLE outbox_events`)
 	after := b.insertNow(t, 1)
 	b.waitStream(t, after)
 	time.Sleep(2 * time.Second) // the relay looked (at least once a second), and waits
@@ -692,7 +697,7 @@ func TestReplicationPublishesWhatThePublicationSkipped(t *testing.T) {
 	b.waitStream(t, all)
 
 	// Dropped and left: the relay adds the table back.
-	exec(`ALTER PUBLICATION outbox_events_pub DROP TABLE outbox_events`)
+	b.exec(t, `ALTER PUBLICATION outbox_events_pub DROP TABLE outbox_events`)
 	all = append(all, b.insertNow(t, 2)...)
 	b.waitStream(t, all)
 	var listed bool
@@ -701,18 +706,18 @@ func TestReplicationPublishesWhatThePublicationSkipped(t *testing.T) {
 	require.True(t, listed, "the relay adds the table back")
 
 	// No inserts published for a while: an error until it does again.
-	exec(`ALTER PUBLICATION outbox_events_pub SET (publish = 'update')`)
+	b.exec(t, `ALTER PUBLICATION outbox_events_pub SET (publish = 'update')`)
 	all = append(all, b.insertNow(t, 2)...)
 	waitFor(t, "the relay's error", func() bool {
 		return errors.Is(relay.Ready(), logical.ErrPublicationChanged)
 	})
-	exec(`ALTER PUBLICATION outbox_events_pub SET (publish = 'insert')`)
+	b.exec(t, `ALTER PUBLICATION outbox_events_pub SET (publish = 'insert')`)
 	all = append(all, b.insertNow(t, 1)...)
 	b.waitStream(t, all)
 
 	// Dropped: the relay makes it again, and the slot, which cannot decode
 	// past the drop, with the catch-up of a lost slot.
-	exec(`DROP PUBLICATION outbox_events_pub`)
+	b.exec(t, `DROP PUBLICATION outbox_events_pub`)
 	all = append(all, b.insertNow(t, 2)...)
 	b.waitStream(t, all)
 	all = append(all, b.insertNow(t, 1)...)
@@ -721,9 +726,9 @@ func TestReplicationPublishesWhatThePublicationSkipped(t *testing.T) {
 
 	// Changed and changed back while no relay ran: the next one finds the
 	// fingerprint recorded is not the publication's.
-	exec(`ALTER PUBLICATION outbox_events_pub DROP TABLE outbox_events`)
+	b.exec(t, `ALTER PUBLICATION outbox_events_pub DROP TABLE outbox_events`)
 	all = append(all, b.insertNow(t, 2)...)
-	exec(`ALTER PUBLICATION outbox_events_pub ADD TABLE outbox_events`)
+	b.exec(t, `ALTER PUBLICATION outbox_events_pub ADD TABLE outbox_events`)
 	stop = runInBackground(t, b.newRelay(t, cfg))
 	all = append(all, b.insertNow(t, 1)...)
 	b.waitStream(t, all)
@@ -769,13 +774,7 @@ func TestReplicationPublicationChangedDuringTheFirstCatchUp(t *testing.T) {
 func TestReplicationChildDroppedAndAddedBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
-	ctx := context.Background()
-	exec := func(sql string) {
-		t.Helper()
-		_, err := b.db.Exec(ctx, sql)
-		require.NoError(t, err)
-	}
-	exec(`CREATE TABLE outbox_c1 () INHERITS (outbox_events)`)
+	b.exec(t, `CREATE TABLE outbox_c1 () INHERITS (outbox_events)`)
 	cfg := b.replicating(t, Config{Slot: "relay_publication_child", BatchSize: 10, PollInterval: 100 * time.Millisecond,
 		CatchUpMargin: time.Second})
 	stop := runInBackground(t, b.newRelay(t, cfg))
@@ -787,9 +786,9 @@ func TestReplicationChildDroppedAndAddedBack(t *testing.T) {
 	all := insertChild(2)
 	b.waitStream(t, all)
 	time.Sleep(1500 * time.Millisecond) // a look that saw c1 in the publication
-	exec(`ALTER PUBLICATION outbox_events_pub DROP TABLE ONLY outbox_c1`)
+	b.exec(t, `ALTER PUBLICATION outbox_events_pub DROP TABLE ONLY outbox_c1`)
 	all = append(all, insertChild(3)...)
-	exec(`ALTER PUBLICATION outbox_events_pub ADD TABLE ONLY outbox_c1`)
+	b.exec(t, `ALTER PUBLICATION outbox_events_pub ADD TABLE ONLY outbox_c1`)
 	all = append(all, insertChild(1)...)
 	b.waitStream(t, all)
 	require.NoError(t, stop())
@@ -812,23 +811,10 @@ func TestReplicationPublicationChangeWaitingForASynchronousStandby(t *testing.T)
 	b.waitCaughtUp(t, cfg.Slot)
 	all := b.insertNow(t, 2)
 	b.waitStream(t, all)
-	exec := func(sql string) {
-		t.Helper()
-		_, err := b.db.Exec(ctx, sql)
-		require.NoError(t, err)
-	}
-	insertIn := func(tx pgx.Tx, n int) []string {
-		rows, err := tx.Query(ctx, `INSERT INTO outbox_events (event_type, payload)
-			SELECT 'gap', '{}' FROM generate_series(1, $1) RETURNING id::text`, n)
-		require.NoError(t, err)
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		return ids
-	}
 	producer, err := b.db.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = producer.Rollback(ctx) }()
-	all = append(all, insertIn(producer, 1)...)
+	all = append(all, insertInTx(t, producer, 1)...)
 	// Others insert before the DROP and commit after the producer, a
 	// second apart: their rows are streamed, and the progress they record
 	// moves the slot's own horizon past the producer.
@@ -839,10 +825,10 @@ func TestReplicationPublicationChangeWaitingForASynchronousStandby(t *testing.T)
 		defer func() { _ = conn.Close(ctx) }()
 		others[i], err = conn.Begin(ctx)
 		require.NoError(t, err)
-		all = append(all, insertIn(others[i], 1)...)
+		all = append(all, insertInTx(t, others[i], 1)...)
 	}
-	exec(`ALTER SYSTEM SET synchronous_standby_names = 'nosuch'`)
-	exec(`SELECT pg_reload_conf()`)
+	b.exec(t, `ALTER SYSTEM SET synchronous_standby_names = 'nosuch'`)
+	b.exec(t, `SELECT pg_reload_conf()`)
 	time.Sleep(500 * time.Millisecond)
 	dropped := make(chan error, 1)
 	go func() {
@@ -857,18 +843,18 @@ func TestReplicationPublicationChangeWaitingForASynchronousStandby(t *testing.T)
 	waitFor(t, "the DROP waiting for the standby", func() bool {
 		return b.db.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'`).Scan(&pid) == nil
 	})
-	all = append(all, insertIn(producer, 3)...) // after the DROP in the WAL: skipped
+	all = append(all, insertInTx(t, producer, 3)...) // after the DROP in the WAL: skipped
 	require.NoError(t, producer.Commit(ctx))
 	for _, o := range others {
 		time.Sleep(1200 * time.Millisecond) // the relay looks while the DROP is invisible
 		require.NoError(t, o.Commit(ctx))
 	}
 	time.Sleep(3 * time.Second)
-	exec(fmt.Sprintf(`SELECT pg_cancel_backend(%d)`, pid)) // the DROP, committed locally, becomes visible
+	b.exec(t, fmt.Sprintf(`SELECT pg_cancel_backend(%d)`, pid)) // the DROP, committed locally, becomes visible
 	// The cancel ends the wait; the DROP stays committed (PostgreSQL warns).
 	require.NoError(t, <-dropped)
-	exec(`ALTER SYSTEM RESET synchronous_standby_names`)
-	exec(`SELECT pg_reload_conf()`)
+	b.exec(t, `ALTER SYSTEM RESET synchronous_standby_names`)
+	b.exec(t, `SELECT pg_reload_conf()`)
 	all = append(all, b.insertNow(t, 1)...)
 	b.waitStream(t, all)
 	require.NoError(t, stop())

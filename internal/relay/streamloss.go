@@ -498,7 +498,7 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	// then or not at all.
 	deadline := time.Now().Add(r.batchTimeout() + passSlack)
 	r.open.wait(ctx)
-	r.waitTransactionsBelow(ctx, reset.RunningBelow, deadline)
+	_, _ = waitEndedBelow(ctx, r.cfg.Table, r.db, reset.RunningBelow, deadline) // past it, or on an error, replay anyway
 	if ctx.Err() != nil {
 		return // the reset stays pending, for a replay by hand
 	}
@@ -532,19 +532,6 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 		"until", until.Format(time.RFC3339), "republished", res.Republished, "skipped", res.Skipped)
 	if res.Incomplete != "" {
 		r.log.Warn("The replayed window may have lost events for good", "reason", res.Incomplete)
-	}
-}
-
-// waitTransactionsBelow waits until every transaction with an id below xid
-// has ended, ctx ends or the deadline passes (a long transaction elsewhere
-// on the server holds the oldest running id back).
-func (r *Relay) waitTransactionsBelow(ctx context.Context, xid int64, deadline time.Time) {
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		ended, err := r.cfg.Table.TransactionsEndedBelow(ctx, r.db, xid)
-		if err == nil && ended {
-			return
-		}
-		sleep(ctx, 50*time.Millisecond, nil)
 	}
 }
 
