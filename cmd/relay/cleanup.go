@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -74,9 +75,14 @@ func newCleanupCommand(c *common) *cobra.Command {
 						"(relay replay --pending; see %s)\n", hold.UTC().Format(time.RFC3339), t.StreamResetsTable())
 				}
 				if dropPartitions {
-					dropped, err := t.DropDispatchedPartitions(ctx, db, db, retention)
+					dropped, needed, err := t.DropDispatchedPartitions(ctx, db, db, retention)
 					for _, p := range dropped {
 						_, _ = fmt.Fprintf(cmd.OutOrStdout(), "dropped partition %s: every row dispatched more than %s ago\n", p, retention)
+					}
+					if len(needed) > 0 {
+						_, _ = fmt.Fprintf(cmd.OutOrStdout(), "kept partitions a new row could still need "+
+							"(only range partitions on %s whose range has ended are dropped): %s\n",
+							t.Columns().CreatedAt, strings.Join(needed, ", "))
 					}
 					if err != nil {
 						return err

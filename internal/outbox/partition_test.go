@@ -211,9 +211,11 @@ func TestDropDispatchedPartitions(t *testing.T) {
 		('m', '1', '2100-01-02', now() - interval '2 days'), ('m', '2', '2100-01-03', now())`)
 	require.NoError(t, err)
 
-	dropped, err := tbl.DropDispatchedPartitions(ctx, db, db, 24*time.Hour)
+	dropped, needed, err := tbl.DropDispatchedPartitions(ctx, db, db, 24*time.Hour)
 	require.NoError(t, err)
 	require.Equal(t, []string{"public.outbox_events_old"}, dropped)
+	require.Equal(t, []string{"public.outbox_events_empty", "public.outbox_events_mid", "public.outbox_events_new"}, needed,
+		"their ranges have not ended")
 	require.Equal(t, 5, pendingCount(t, db), "the partition with pending rows is kept")
 	var parts int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_events'::regclass`).Scan(&parts))
@@ -221,9 +223,59 @@ func TestDropDispatchedPartitions(t *testing.T) {
 
 	// Not partitioned: nothing to drop.
 	plain := connect(t, tbl.DDL(DDLOptions{}))
-	dropped, err = tbl.DropDispatchedPartitions(ctx, plain, plain, 0)
+	dropped, needed, err = tbl.DropDispatchedPartitions(ctx, plain, plain, 0)
 	require.NoError(t, err)
 	require.Empty(t, dropped)
+	require.Empty(t, needed)
+}
+
+// TestDropPartitionsKeepsThoseANewRowCouldNeed: a partition whose rows are
+// all dispatched long ago is still kept when a producer's next insert could
+// have nowhere else to go (no default partition can take it): a hash
+// partition, a list partition, a range partition whose range has not ended
+// (created ahead of time, or the current one), and a range partition of
+// another key. Dropping one would fail every insert routed to it.
+func TestDropPartitionsKeepsThoseANewRowCouldNeed(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	ctx := context.Background()
+	shapes := map[string]string{
+		"hash": partitionedShapes["hash"],
+		"list": partitionedShapes["list"],
+		"range of another key": `CREATE TABLE outbox_events (
+			id uuid NOT NULL DEFAULT gen_random_uuid(), event_type text NOT NULL, payload text NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
+			PRIMARY KEY (id, event_type)
+		) PARTITION BY RANGE (event_type);
+		CREATE TABLE outbox_events_a PARTITION OF outbox_events FOR VALUES FROM ('a') TO ('p');
+		CREATE TABLE outbox_events_p PARTITION OF outbox_events FOR VALUES FROM ('p') TO (MAXVALUE);
+		` + tbl.IndexDDL(),
+		"range not ended": `CREATE TABLE outbox_events (
+			id uuid NOT NULL DEFAULT gen_random_uuid(), event_type text NOT NULL, payload text NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
+			PRIMARY KEY (id, created_at)
+		) PARTITION BY RANGE (created_at);
+		CREATE TABLE outbox_events_old PARTITION OF outbox_events FOR VALUES FROM ('2000-01-01') TO ('2100-01-01');
+		CREATE TABLE outbox_events_new PARTITION OF outbox_events FOR VALUES FROM ('2100-01-01') TO (MAXVALUE);
+		` + tbl.IndexDDL(),
+	}
+	for shape, ddl := range shapes {
+		t.Run(shape, func(t *testing.T) {
+			t.Parallel()
+			db := connect(t, ddl)
+			// Rows of type 'old', all dispatched long ago, fill a partition of each shape.
+			_, err := db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at, dispatched_at)
+				SELECT 'old', 'o' || g, '2025-06-01'::timestamptz + g * interval '1 s', '2025-06-02'
+				FROM generate_series(1, 5) g`)
+			require.NoError(t, err)
+			dropped, needed, err := tbl.DropDispatchedPartitions(ctx, db, db, 0)
+			require.NoError(t, err)
+			require.Empty(t, dropped)
+			require.Len(t, needed, 2)
+			_, err = db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload) VALUES ('old', '{}')`)
+			require.NoError(t, err, "a producer still writes events of type 'old', created now")
+		})
+	}
 }
 
 // TestBacklogReportsAMissingKeyColumn: the operator's backlog check shows a
@@ -249,7 +301,7 @@ func dropWaitingForALock(t *testing.T, tbl *Table, db *pgxpool.Pool) <-chan []st
 	ctx := context.Background()
 	done := make(chan []string, 1)
 	go func() {
-		dropped, err := tbl.DropDispatchedPartitions(ctx, db, db, 0)
+		dropped, _, err := tbl.DropDispatchedPartitions(ctx, db, db, 0)
 		assert.NoError(t, err)
 		done <- dropped
 	}()

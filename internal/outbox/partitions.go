@@ -19,19 +19,32 @@ import (
 // the drop; DETACH takes an ACCESS EXCLUSIVE lock on the outbox table for
 // that short moment (bounded by lock_timeout), so claims wait meanwhile.
 // The default partition, empty partitions (perhaps made ahead of time) and
-// inheritance children are left alone. It returns the dropped partitions;
-// a table that is not partitioned has none.
-func (t *Table) DropDispatchedPartitions(ctx context.Context, db pgtx.Beginner, q Querier, retention time.Duration) ([]string, error) {
-	rows, err := q.Query(ctx, partitionsSQL, t.qTable)
+// inheritance children are left alone, and so is every partition a new row
+// could still need (partitionsSQL): only range partitions on the created-at
+// column whose range has ended are dropped, since an insert that finds no
+// partition fails. It returns the dropped partitions and the ones kept
+// because a new row could need them; a table that is not partitioned has
+// none.
+func (t *Table) DropDispatchedPartitions(ctx context.Context, db pgtx.Beginner, q Querier,
+	retention time.Duration) (dropped, needed []string, err error) {
+	rows, err := q.Query(ctx, partitionsSQL, t.qTable, t.columns.CreatedAt)
 	if err != nil {
-		return nil, t.classify(err)
+		return nil, nil, t.classify(err)
 	}
-	parts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	type partition struct {
+		Name  string
+		Ended bool
+	}
+	parts, err := pgx.CollectRows(rows, pgx.RowToStructByPos[partition])
 	if err != nil {
-		return nil, t.classify(err)
+		return nil, nil, t.classify(err)
 	}
-	var dropped []string
-	for _, part := range parts {
+	for _, p := range parts {
+		if !p.Ended {
+			needed = append(needed, p.Name)
+			continue
+		}
+		part := p.Name
 		var drop bool
 		err := pgtx.Run(ctx, db, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, "LOCK TABLE "+part+" IN SHARE MODE"); err != nil {
@@ -54,11 +67,11 @@ func (t *Table) DropDispatchedPartitions(ctx context.Context, db pgtx.Beginner, 
 			return tx.Commit(ctx)
 		})
 		if err != nil {
-			return dropped, fmt.Errorf("dropping partition %s of %s: %w", part, t, err)
+			return dropped, needed, fmt.Errorf("dropping partition %s of %s: %w", part, t, err)
 		}
 		if drop {
 			dropped = append(dropped, part)
 		}
 	}
-	return dropped, nil
+	return dropped, needed, nil
 }

@@ -122,11 +122,25 @@ WHERE o.tableoid = doomed.tableoid AND o.ctid = doomed.ctid
 
 	// partitionsSQL lists the leaf partitions of a declaratively
 	// partitioned table ($1), but its default partition, oldest first by
-	// name (the usual per-day names sort by date).
-	partitionsSQL = `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+	// name (the usual per-day names sort by date), each with whether a new
+	// row can no longer need it: the table is range-partitioned on the
+	// created-at column ($2) alone and the partition's range ended at or
+	// before now (new rows, created now, belong to later partitions). A
+	// hash partition (a hash-partitioned table has no default partition), a
+	// list partition, or a range partition of another key or whose range
+	// has not ended could still be the only place a new row fits: dropping
+	// it would fail the producers' inserts. The bound is read from the
+	// partition's FOR VALUES ... TO ('...') text; the CASE keeps the cast
+	// from other kinds of bounds.
+	partitionsSQL = `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname),
+	CASE WHEN pt.partstrat = 'r' AND pt.partnatts = 1 AND pt.partattrs[0] = a.attnum
+		THEN coalesce((regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)$'))[1]::timestamptz <= now(), false)
+		ELSE false END
 FROM pg_inherits i
 JOIN pg_class c ON c.oid = i.inhrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_partitioned_table pt ON pt.partrelid = i.inhparent
+LEFT JOIN pg_attribute a ON a.attrelid = i.inhparent AND a.attname = $2 AND NOT a.attisdropped
 WHERE i.inhparent = to_regclass($1) AND c.relispartition AND c.relkind = 'r'
 	AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'
 ORDER BY c.relname`
