@@ -504,7 +504,14 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	}
 	created := r.cfg.Source == SourceLogicalReplication
 	since, until := ReplayWindow(reset.WindowStart, reset.WindowEnd, created)
-	floor := time.Now().Add(-r.cfg.AutoReplayMaxWindow)
+	// The floor follows cleanup's retention, which PostgreSQL's clock
+	// judges (dispatched_at, now()): a relay whose clock ran ahead would
+	// skip rows still in the table and mark their window replayed.
+	now, err := outbox.Now(ctx, r.db)
+	if err != nil {
+		now = time.Now() // the replay below says what fails
+	}
+	floor := now.Add(-r.cfg.AutoReplayMaxWindow)
 	if since.Before(floor) {
 		since = floor
 	}
