@@ -252,6 +252,7 @@ func runRelay(ctx context.Context, c *common, o *runOptions) error {
 		ApplicationName:          "outbox-relay",
 		TCP:                      o.tcp,
 		StablePlans:              true,
+		WarmAllocator:            true,
 	}, int32(o.inFlight)+3) // the batches in flight, the NOTIFY listener, the leader session, one spare
 	if err != nil {
 		return err
