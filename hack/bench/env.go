@@ -39,6 +39,11 @@ const payloadSQL = `json_build_object(
 type benchEnv struct {
 	dsn, redisURL, relayBin string
 	db                      *pgxpool.Pool
+	// claimDB is the raw claim's pool, its sessions set up as the relay's
+	// are (SessionSettings.StablePlans and WarmAllocator), apart from the
+	// sessions that load the rows: a session's history changes what a
+	// claim costs on it (WarmAllocator).
+	claimDB *pgxpool.Pool
 	rdb                     *redis.Client
 	table                   *outbox.Table
 	// postmaster is the PostgreSQL server's pid, 0 if /proc does not show
@@ -48,6 +53,9 @@ type benchEnv struct {
 	redisPID int
 	// extraArgs are added to every relay started (the wait section).
 	extraArgs []string
+	// minSpread, when above 0, makes each throughput run wait (up to
+	// spreadWait) until cpuSpread is at least this (-min-cpu-spread).
+	minSpread float64
 }
 
 func newBenchEnv(ctx context.Context, dsn, redisURL, relayBin string) (*benchEnv, error) {
@@ -78,8 +86,18 @@ func newBenchEnv(ctx context.Context, dsn, redisURL, relayBin string) (*benchEnv
 	if st, ok := readStat(backend); ok {
 		postmaster = st.ppid // a backend is a child of the postmaster
 	}
+	claimCfg, err := outbox.PoolConfig(dsn, outbox.SessionSettings{StablePlans: true, WarmAllocator: true}, 2)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	claimDB, err := pgxpool.NewWithConfig(ctx, claimCfg) // connects lazily
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
 	rdb := redis.NewClient(opts)
-	return &benchEnv{dsn: dsn, redisURL: redisURL, relayBin: relayBin, db: db, rdb: rdb, table: table,
+	return &benchEnv{dsn: dsn, redisURL: redisURL, relayBin: relayBin, db: db, claimDB: claimDB, rdb: rdb, table: table,
 		postmaster: postmaster, redisPID: redisPID(ctx, rdb)}, nil
 }
 
@@ -100,6 +118,7 @@ func redisPID(ctx context.Context, rdb *redis.Client) int {
 
 func (e *benchEnv) close() {
 	e.db.Close()
+	e.claimDB.Close()
 	_ = e.rdb.Close()
 }
 
@@ -143,7 +162,7 @@ func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int, d outb
 		wg.Go(func() {
 			var frontier outbox.Frontier // where the relay's claims begin, too
 			for {
-				tx, err := e.db.Begin(ctx)
+				tx, err := e.claimDB.Begin(ctx)
 				if err != nil {
 					errs <- err
 					return
@@ -182,6 +201,7 @@ type throughputResult struct {
 	pgCPUPer1k             float64         // PostgreSQL's CPU ms per 1,000 events drained; NaN: not measured
 	redisCPUPer1k          float64         // Redis's, the same way
 	relayCPUPer1k          float64         // the relay processes', from their start
+	cpuSpread              float64         // cpuSpread before and after the run, the lower; of the median: the lowest of all runs
 	runs                   []throughputResult
 }
 
@@ -203,6 +223,10 @@ func (t throughputResult) median() throughputResult {
 	}
 	m.raw, m.ofRaw, m.pgCPUPer1k = medianOf(raws), medianOf(fractions), medianOf(cpus)
 	m.redisCPUPer1k, m.relayCPUPer1k = medianOf(redisCPUs), medianOf(relayCPUs)
+	m.cpuSpread = math.Inf(1)
+	for _, r := range runs {
+		m.cpuSpread = math.Min(m.cpuSpread, r.cpuSpread) // NaN stays NaN
+	}
 	m.runs = t.runs
 	return m
 }
@@ -227,6 +251,7 @@ func (e *benchEnv) drains(ctx context.Context, repeat, n, batch, procs, inFlight
 // drifts by 10 to 20% within minutes (a shared virtual machine), a raw rate
 // from one side only makes the fraction drift with it.
 func (e *benchEnv) drain(ctx context.Context, n, batch, procs, inFlight int, d outbox.Dispatch) (throughputResult, error) {
+	spread := e.awaitEvenCPUs(ctx)
 	before, err := e.rawClaimRate(ctx, n, batch, procs, d)
 	if err != nil {
 		return throughputResult{}, err
@@ -241,7 +266,26 @@ func (e *benchEnv) drain(ctx context.Context, n, batch, procs, inFlight int, d o
 	}
 	r.raw = (before + after) / 2
 	r.ofRaw = r.rate / r.raw
+	r.cpuSpread = math.Min(spread, cpuSpread())
 	return r, nil
+}
+
+// spreadWait bounds awaitEvenCPUs: past it the run goes on, and its
+// reported spread shows why its figures may be low.
+const spreadWait = 3 * time.Minute
+
+// awaitEvenCPUs returns cpuSpread, after waiting for it to reach
+// e.minSpread if that is set.
+func (e *benchEnv) awaitEvenCPUs(ctx context.Context) float64 {
+	deadline := time.Now().Add(spreadWait)
+	for {
+		spread := cpuSpread()
+		if e.minSpread <= 0 || !(spread < e.minSpread) || time.Now().After(deadline) || ctx.Err() != nil {
+			return spread
+		}
+		logf("vCPU speeds differ (slowest at %.2f of the fastest): waiting for them to even out", spread)
+		time.Sleep(5 * time.Second)
+	}
 }
 
 // cleanupArgs are the relay flags of cleanup mode d: none for the default.

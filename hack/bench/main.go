@@ -48,6 +48,7 @@ type options struct {
 	rate       int
 	duration   time.Duration
 	repeat     int
+	minSpread  float64 // -min-cpu-spread
 	chart      string
 	relayBin   string
 	sections   map[string]bool
@@ -69,6 +70,9 @@ func main() {
 	flag.IntVar(&o.rate, "rate", 2000, "offered load of the latency runs, events/s")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each latency run, and of the replication section's sustained window")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs per configuration; the median is reported")
+	flag.Float64Var(&o.minSpread, "min-cpu-spread", 0,
+		"throughput and cleanup runs wait (up to 3 minutes) until the slowest vCPU runs a fixed loop at least this fraction "+
+			"as fast as the fastest (0.9: within 10%); 0: no wait, the spread is only reported")
 	flag.StringVar(&o.chart, "chart", "docs/benchmarks-relay.png", "PNG chart to write; empty: none")
 	flag.StringVar(&o.relayBin, "relay", "", "relay binary (default: built from ./cmd/relay)")
 	flag.StringVar(&sections, "sections", strings.Join(sectionNames, ","),
@@ -160,6 +164,7 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	defer env.close()
+	env.minSpread = o.minSpread
 
 	var report report
 	report.machine = machine()
@@ -189,8 +194,9 @@ func run(ctx context.Context, o options) (err error) {
 				}
 				report.throughput = append(report.throughput, res)
 				logf("relay, batch %d, %d process(es), %d in flight: %.0f events/s (%.0f%% of raw), peak RSS %.1f MiB, "+
-					"CPU ms per 1k events: PostgreSQL %.1f, Redis %.1f, relays %.1f",
-					batch, procs, inFlight, res.rate, 100*res.ofRaw, res.rssMiB, res.pgCPUPer1k, res.redisCPUPer1k, res.relayCPUPer1k)
+					"CPU ms per 1k events: PostgreSQL %.1f, Redis %.1f, relays %.1f, vCPU spread %.2f",
+					batch, procs, inFlight, res.rate, 100*res.ofRaw, res.rssMiB, res.pgCPUPer1k, res.redisCPUPer1k, res.relayCPUPer1k,
+					res.cpuSpread)
 			}
 		}
 	}

@@ -433,9 +433,14 @@ func metOrNot(ok bool) string {
 }
 
 // orNA formats a CPU figure, n/a when not measured.
-func orNA(x float64) string {
+func orNA(x float64) string { return orNAPrec(x, 1) }
+
+// orNA2 is orNA with two decimals.
+func orNA2(x float64) string { return orNAPrec(x, 2) }
+
+func orNAPrec(x float64, prec int) string {
 	if math.IsNaN(x) {
 		return "n/a"
 	}
-	return strconv.FormatFloat(x, 'f', 1, 64)
+	return strconv.FormatFloat(x, 'f', prec, 64)
 }
