@@ -3,6 +3,9 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -107,4 +110,74 @@ func TestOnDispatchRefusesAutoReplay(t *testing.T) {
 	err := Config{Table: outbox.MustNew("", outbox.Columns{}), Dispatch: outbox.DeleteOnDispatch, AutoReplay: true}.
 		withDefaults().validate()
 	require.ErrorContains(t, err, "auto-replay republishes dispatched rows, which cleanup mode OnDispatch deletes")
+}
+
+// TestRolloutAcrossDispatchModesLosesNothing: a rollout that switches the
+// cleanup mode, the ordering and the batch size, with old (AfterRetention,
+// batch 50, in-flight 2) and new (OnDispatch, batch 7; Strict OnDispatch,
+// batch 20) relays running at once, producers writing, and cleanup
+// (--retention 0s) in a loop: every committed row reaches the stream, and
+// none is left pending.
+func TestRolloutAcrossDispatchModesLosesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	oldRelay := b.newRelay(t, Config{BatchSize: 50, InFlight: 2})
+	newRelay := b.newRelay(t, Config{BatchSize: 7, Dispatch: outbox.DeleteOnDispatch})
+	stopOld := runInBackground(t, oldRelay)
+	stopNew := runInBackground(t, newRelay)
+	strict := b.newRelay(t, Config{BatchSize: 20, Ordering: OrderingStrict, Dispatch: outbox.DeleteOnDispatch})
+	stopStrict := runInBackground(t, strict)
+
+	var mu sync.Mutex
+	var ids []string
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	for p := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				tx, err := b.db.Begin(ctx)
+				if err != nil {
+					continue
+				}
+				var got []string
+				for j := range 1 + i%5 {
+					var id string
+					if err := tx.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload) VALUES ('t', $1) RETURNING id::text`,
+						fmt.Sprintf(`{"p":%d,"i":%d,"j":%d}`, p, i, j)).Scan(&id); err != nil {
+						break
+					}
+					got = append(got, id)
+				}
+				if tx.Commit(ctx) == nil {
+					mu.Lock()
+					ids = append(ids, got...)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	var cleaned int64
+	cleanupDone := make(chan struct{})
+	go func() {
+		defer close(cleanupDone)
+		for !done.Load() {
+			n, err := b.table.DeleteAllDispatched(ctx, b.db, 0, 13, nil)
+			if err == nil {
+				cleaned += n
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	wg.Wait()
+	waitFor(t, "the backlog drained", func() bool { return b.backlog(t) == 0 })
+	done.Store(true)
+	<-cleanupDone
+	require.NoError(t, stopOld())
+	require.NoError(t, stopNew())
+	require.NoError(t, stopStrict())
+	dups := requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+	t.Logf("events %d, duplicates %d, rows cleaned %d", len(ids), dups, cleaned)
 }
