@@ -44,8 +44,8 @@ type benchEnv struct {
 	// sessions that load the rows: a session's history changes what a
 	// claim costs on it (WarmAllocator).
 	claimDB *pgxpool.Pool
-	rdb                     *redis.Client
-	table                   *outbox.Table
+	rdb     *redis.Client
+	table   *outbox.Table
 	// postmaster is the PostgreSQL server's pid, 0 if /proc does not show
 	// it: its process tree's CPU time is the database's (pgCPU).
 	postmaster int
