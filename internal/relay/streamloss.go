@@ -505,11 +505,13 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	created := r.cfg.Source == SourceLogicalReplication
 	since, until := ReplayWindow(reset.WindowStart, reset.WindowEnd, created)
 	// The floor follows cleanup's retention, which PostgreSQL's clock
-	// judges (dispatched_at, now()): a relay whose clock ran ahead would
-	// skip rows still in the table and mark their window replayed.
-	now, err := outbox.Now(ctx, r.db)
-	if err != nil {
-		now = time.Now() // the replay below says what fails
+	// judges (dispatched_at, now()): by the relay's clock alone, a relay
+	// whose clock ran ahead would skip rows still in the table and mark
+	// their window replayed. The earlier of the two clocks rules, so a
+	// relay clock behind replays no less than before either.
+	now := time.Now()
+	if pgNow, err := outbox.Now(ctx, r.db); err == nil && pgNow.Before(now) {
+		now = pgNow // on an error, the replay below says what fails
 	}
 	floor := now.Add(-r.cfg.AutoReplayMaxWindow)
 	if since.Before(floor) {
