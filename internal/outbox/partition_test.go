@@ -229,6 +229,22 @@ func TestDropDispatchedPartitions(t *testing.T) {
 	require.Empty(t, needed)
 }
 
+// rangeTableDDL is an outbox range-partitioned on key (also in its primary
+// key), with the given partitions ("name PARTITION OF ..."), and the
+// pending index.
+func rangeTableDDL(tbl *Table, key string, partitions ...string) string {
+	ddl := `CREATE TABLE outbox_events (
+		id uuid NOT NULL DEFAULT gen_random_uuid(), event_type text NOT NULL, payload text NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
+		PRIMARY KEY (id, ` + key + `)
+	) PARTITION BY RANGE (` + key + `);
+	`
+	for _, p := range partitions {
+		ddl += "CREATE TABLE " + p + ";\n"
+	}
+	return ddl + tbl.IndexDDL()
+}
+
 // TestDropPartitionsKeepsThoseANewRowCouldNeed: a partition whose rows are
 // all dispatched long ago is still kept when a producer's next insert could
 // have nowhere else to go (no default partition can take it): a hash
@@ -242,22 +258,12 @@ func TestDropPartitionsKeepsThoseANewRowCouldNeed(t *testing.T) {
 	shapes := map[string]string{
 		"hash": partitionedShapes["hash"],
 		"list": partitionedShapes["list"],
-		"range of another key": `CREATE TABLE outbox_events (
-			id uuid NOT NULL DEFAULT gen_random_uuid(), event_type text NOT NULL, payload text NOT NULL,
-			created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
-			PRIMARY KEY (id, event_type)
-		) PARTITION BY RANGE (event_type);
-		CREATE TABLE outbox_events_a PARTITION OF outbox_events FOR VALUES FROM ('a') TO ('p');
-		CREATE TABLE outbox_events_p PARTITION OF outbox_events FOR VALUES FROM ('p') TO (MAXVALUE);
-		` + tbl.IndexDDL(),
-		"range not ended": `CREATE TABLE outbox_events (
-			id uuid NOT NULL DEFAULT gen_random_uuid(), event_type text NOT NULL, payload text NOT NULL,
-			created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz,
-			PRIMARY KEY (id, created_at)
-		) PARTITION BY RANGE (created_at);
-		CREATE TABLE outbox_events_old PARTITION OF outbox_events FOR VALUES FROM ('2000-01-01') TO ('2100-01-01');
-		CREATE TABLE outbox_events_new PARTITION OF outbox_events FOR VALUES FROM ('2100-01-01') TO (MAXVALUE);
-		` + tbl.IndexDDL(),
+		"range of another key": rangeTableDDL(tbl, "event_type",
+			`outbox_events_a PARTITION OF outbox_events FOR VALUES FROM ('a') TO ('p')`,
+			`outbox_events_p PARTITION OF outbox_events FOR VALUES FROM ('p') TO (MAXVALUE)`),
+		"range not ended": rangeTableDDL(tbl, "created_at",
+			`outbox_events_old PARTITION OF outbox_events FOR VALUES FROM ('2000-01-01') TO ('2100-01-01')`,
+			`outbox_events_new PARTITION OF outbox_events FOR VALUES FROM ('2100-01-01') TO (MAXVALUE)`),
 	}
 	for shape, ddl := range shapes {
 		t.Run(shape, func(t *testing.T) {
