@@ -185,7 +185,7 @@ func TestCleanupKeepsTheRowsOfAResetNotReplayed(t *testing.T) {
 	now := time.Now()
 	_, err := table.RecordStreamReset(t.Context(), db, outbox.StreamReset{
 		Stream: "orders", WindowStart: now.Add(-3 * time.Hour), WindowEnd: now, Reason: "test",
-	})
+	}, now)
 	require.NoError(t, err)
 
 	res := requireSuccess(t, env, "cleanup", "--retention", "1h")

@@ -15,7 +15,7 @@ func recordReset(t *testing.T, tbl *Table, db Querier, ago time.Duration) {
 	ctx := context.Background()
 	now, err := Now(ctx, db)
 	require.NoError(t, err)
-	_, err = tbl.RecordStreamReset(ctx, db, StreamReset{Stream: "s", WindowStart: now.Add(-ago), WindowEnd: now, Reason: "test"})
+	_, err = tbl.RecordStreamReset(ctx, db, StreamReset{Stream: "s", WindowStart: now.Add(-ago), WindowEnd: now, Reason: "test"}, now)
 	require.NoError(t, err)
 }
 

@@ -54,13 +54,18 @@ type StreamState struct {
 	FirstMs, ConsumedMs int64
 	// Groups are the stream's consumer groups.
 	Groups []string
+	// Age is how long ago the state was recorded, by PostgreSQL's clock
+	// (read only: ReadStreamState).
+	Age time.Duration
 }
 
 // ReadStreamState reads what the relays last saw of stream; ok is false
 // when nothing is recorded (or there is no table yet).
 func (t *Table) ReadStreamState(ctx context.Context, q Querier, stream string) (s StreamState, ok bool, err error) {
 	s.Stream = stream
-	err = q.QueryRow(ctx, t.resets(readStreamStateSQL), stream).Scan(&s.LastID, &s.EntriesAdded, &s.FirstMs, &s.ConsumedMs, &s.Groups)
+	var ageMs int64
+	err = q.QueryRow(ctx, t.resets(readStreamStateSQL), stream).Scan(&s.LastID, &s.EntriesAdded, &s.FirstMs, &s.ConsumedMs, &s.Groups, &ageMs)
+	s.Age = time.Duration(ageMs) * time.Millisecond
 	var pgErr *pgconn.PgError
 	if errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
 		return StreamState{}, false, nil
@@ -103,6 +108,9 @@ type StreamReset struct {
 	// far as the relay knew: the reset took them with the stream, and
 	// trimming waits until they are all back (AwaitedGroups).
 	Groups []string
+	// ReachedBack, set by RecordStreamReset, says that the window reaches
+	// back to the start of a replay's made since it began.
+	ReachedBack bool
 	// RunningBelow, set by RecordStreamReset, is a full transaction id
 	// above that of every transaction running when the reset was recorded
 	// (the record's own):
@@ -131,20 +139,21 @@ func (t *Table) EnsureStreamResetsTable(ctx context.Context, db pgtx.Beginner) e
 	return nil
 }
 
-// RecordStreamReset records a reset and returns it as recorded: its window
-// reaches back to the start of the window of any replay of the stream done
-// since the reset's window began (a replay adds old rows' events anew, so
-// a reset that loses entries added since may lose theirs again), and ends
-// no earlier than PostgreSQL's clock at the record (the dispatch times'
-// clock; the relay's may be behind it).
-func (t *Table) RecordStreamReset(ctx context.Context, q Querier, r StreamReset) (StreamReset, error) {
-	err := q.QueryRow(ctx, t.resets(recordStreamResetSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason, r.Groups).
-		Scan(&r.WindowStart, &r.WindowEnd, &r.RunningBelow)
+// RecordStreamReset records a reset whose window is of the caller's clock
+// (now is its reading) and returns it as recorded, of PostgreSQL's (the
+// dispatch times' clock): it starts earlier by as much as the caller's
+// clock is ahead of PostgreSQL's, reaches back to the start of the window of any replay of
+// the stream done since the reset's window began (a replay adds old rows'
+// events anew, so a reset that loses entries added since may lose theirs
+// again), and ends no earlier than PostgreSQL's clock at the record.
+func (t *Table) RecordStreamReset(ctx context.Context, q Querier, r StreamReset, now time.Time) (StreamReset, error) {
+	err := q.QueryRow(ctx, t.resets(recordStreamResetSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason, r.Groups, now).
+		Scan(&r.WindowStart, &r.WindowEnd, &r.RunningBelow, &r.ReachedBack)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == codeUndefinedColumn {
 		// A table of an earlier version the relay's role could not alter:
 		// the reset is recorded without its groups rather than not at all.
-		err = q.QueryRow(ctx, t.resets(recordStreamResetNoGroupsSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason).
-			Scan(&r.WindowStart, &r.WindowEnd, &r.RunningBelow)
+		err = q.QueryRow(ctx, t.resets(recordStreamResetNoGroupsSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason, now).
+			Scan(&r.WindowStart, &r.WindowEnd, &r.RunningBelow, &r.ReachedBack)
 	}
 	if err != nil {
 		return r, fmt.Errorf("recording a stream reset in %s: %w", t.StreamResetsTable(), err)

@@ -36,7 +36,7 @@ func TestAwaitedGroups(t *testing.T) {
 		{Stream: "other", Groups: []string{"x"}},
 	} {
 		r.WindowStart, r.WindowEnd, r.Reason = now, now, "test"
-		_, err := tbl.RecordStreamReset(ctx, db, r)
+		_, err := tbl.RecordStreamReset(ctx, db, r, now)
 		require.NoError(t, err)
 	}
 	groups, resets, err = tbl.AwaitedGroups(ctx, db, "s")
@@ -73,7 +73,7 @@ func TestResetRecordedInATableOfAnEarlierVersion(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now()
 	r, err := tbl.RecordStreamReset(ctx, db, StreamReset{Stream: "s", WindowStart: now, WindowEnd: now, Reason: "test",
-		Groups: []string{"workers"}})
+		Groups: []string{"workers"}}, now)
 	require.NoError(t, err)
 	require.Positive(t, r.RunningBelow)
 	p, err := tbl.PendingStreamResets(ctx, db, "s")
@@ -89,3 +89,47 @@ func TestResetRecordedInATableOfAnEarlierVersion(t *testing.T) {
 const earlierResetsColumns = `(id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, stream text NOT NULL,
 	detected_at timestamptz NOT NULL DEFAULT now(), window_start timestamptz NOT NULL, window_end timestamptz NOT NULL,
 	reason text NOT NULL, replayed_at timestamptz NULL);`
+
+// TestResetWindowRecordedOnPostgresClock: a reset's window comes from the
+// relay's clock and selects rows by dispatched_at, PostgreSQL's. Recorded
+// by a relay whose clock is ten minutes ahead, it starts ten minutes
+// earlier; by one behind, where it was (the wider window). Both in a table
+// of this version and one of an earlier version. One machine has one
+// clock: the relay's reading is given ahead and behind.
+func TestResetWindowRecordedOnPostgresClock(t *testing.T) {
+	t.Parallel()
+	for name, ddl := range map[string]string{
+		"this version":    "",
+		"earlier version": "DROP TABLE outbox_events_stream_resets; CREATE TABLE outbox_events_stream_resets " + earlierResetsColumns,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			tbl := MustNew("", Columns{})
+			db := connect(t, tbl.DDL(DDLOptions{})+ddl)
+			ctx := context.Background()
+			start := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+			for _, c := range []struct {
+				skew      time.Duration // the relay's clock against PostgreSQL's
+				wantStart time.Time
+			}{
+				{10 * time.Minute, start.Add(-10 * time.Minute)},
+				{-10 * time.Minute, start},
+			} {
+				r, err := tbl.RecordStreamReset(ctx, db, StreamReset{Stream: "s", WindowStart: start, WindowEnd: start,
+					Reason: "test"}, time.Now().Add(c.skew))
+				require.NoError(t, err)
+				// Less the time between the relay's reading and PostgreSQL's.
+				require.WithinDuration(t, c.wantStart, r.WindowStart, time.Second, "relay clock %s", c.skew)
+				require.False(t, r.ReachedBack)
+				require.False(t, r.WindowEnd.Before(start))
+			}
+			// A replay since the window began: the window reaches back to its start.
+			require.NoError(t, tbl.RecordReplay(ctx, db, "s", start.Add(-time.Hour), start, "test"))
+			r, err := tbl.RecordStreamReset(ctx, db, StreamReset{Stream: "s", WindowStart: start, WindowEnd: start,
+				Reason: "test"}, time.Now())
+			require.NoError(t, err)
+			require.True(t, r.ReachedBack)
+			require.True(t, r.WindowStart.Equal(start.Add(-time.Hour)), "%s", r.WindowStart)
+		})
+	}
+}

@@ -299,8 +299,9 @@ CREATE TABLE IF NOT EXISTS %[15]s (
 );`
 
 	// readStreamStateSQL (with %[15]s the stream-state table) reads what the
-	// relays last saw of stream $1.
-	readStreamStateSQL = `SELECT last_id, entries_added, first_ms, consumed_ms, coalesce(groups, '{}') FROM %[15]s WHERE stream = $1`
+	// relays last saw of stream $1, and how long ago (ms).
+	readStreamStateSQL = `SELECT last_id, entries_added, first_ms, consumed_ms, coalesce(groups, '{}'),
+	greatest(0, (extract(epoch FROM clock_timestamp() - updated_at) * 1000)::bigint) FROM %[15]s WHERE stream = $1`
 
 	// writeStreamStateSQL (with %[15]s the stream-state table) records what
 	// a relay saw of a stream, replacing what was there: the relays write
@@ -316,17 +317,27 @@ ON CONFLICT (stream) DO UPDATE SET last_id = excluded.last_id, entries_added = e
 	forgetStreamStateSQL = `DELETE FROM %[15]s WHERE stream = $1`
 
 	// recordStreamResetSQL (with %[14]s the resets table) records one reset
-	// and returns the window recorded. A replay of stream $1 after $2 (a
-	// reset marked replayed, or a replay's own record) added the events of
-	// its window again then, inside the new window, while their rows'
-	// dispatched_at stayed where it was: so the new window reaches back to
-	// the start of that replay's window too. The window is of dispatch times,
-	// PostgreSQL's clock, and $3 is the detection by the relay's: it ends no
+	// and returns the window recorded, and whether a replay moved its
+	// start. The window is of dispatch times, PostgreSQL's clock, and the
+	// relay gives it by its own ($2, $3; $6 is the relay's clock now): a
+	// relay clock ahead of PostgreSQL's moves the start back by as much
+	// (one behind leaves it, the wider window), and the window ends no
 	// earlier than now(), after the detection, whatever the two clocks say.
-	recordStreamResetSQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason, groups)
-SELECT $1, least($2::timestamptz, (SELECT min(window_start) FROM %[14]s WHERE stream = $1 AND replayed_at >= $2::timestamptz)),
-	greatest($3::timestamptz, now()), $4, $5::text[]
-RETURNING window_start, window_end, pg_current_xact_id()::text::bigint`
+	// A replay of stream $1 after the start (a reset marked replayed, or a
+	// replay's own record) added the events of its window again then,
+	// inside the new window, while their rows' dispatched_at stayed where
+	// it was: so the new window reaches back to the start of that replay's
+	// window too.
+	recordStreamResetSQL = `WITH s AS (
+	SELECT $2::timestamptz - greatest(interval '0', $6::timestamptz - clock_timestamp()) AS start
+), rec AS (
+	INSERT INTO %[14]s (stream, window_start, window_end, reason, groups)
+	SELECT $1, least(s.start, (SELECT min(window_start) FROM %[14]s WHERE stream = $1 AND replayed_at >= s.start)),
+		greatest($3::timestamptz, now()), $4, $5::text[]
+	FROM s
+	RETURNING window_start, window_end, pg_current_xact_id()::text::bigint AS xid
+)
+SELECT rec.window_start, rec.window_end, rec.xid, rec.window_start < s.start FROM rec, s`
 
 	// endedBelowSQL says whether every transaction with an id below $1 has
 	// ended.
@@ -334,11 +345,18 @@ RETURNING window_start, window_end, pg_current_xact_id()::text::bigint`
 
 	// recordStreamResetNoGroupsSQL is recordStreamResetSQL on a table made
 	// by an earlier version that the relay's role may not alter (relay
-	// schema --apply, run by its owner, adds the groups).
-	recordStreamResetNoGroupsSQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason)
-SELECT $1, least($2::timestamptz, (SELECT min(window_start) FROM %[14]s WHERE stream = $1 AND replayed_at >= $2::timestamptz)),
-	greatest($3::timestamptz, now()), $4
-RETURNING window_start, window_end, pg_current_xact_id()::text::bigint`
+	// schema --apply, run by its owner, adds the groups); $5 is the relay's
+	// clock.
+	recordStreamResetNoGroupsSQL = `WITH s AS (
+	SELECT $2::timestamptz - greatest(interval '0', $5::timestamptz - clock_timestamp()) AS start
+), rec AS (
+	INSERT INTO %[14]s (stream, window_start, window_end, reason)
+	SELECT $1, least(s.start, (SELECT min(window_start) FROM %[14]s WHERE stream = $1 AND replayed_at >= s.start)),
+		greatest($3::timestamptz, now()), $4
+	FROM s
+	RETURNING window_start, window_end, pg_current_xact_id()::text::bigint AS xid
+)
+SELECT rec.window_start, rec.window_end, rec.xid, rec.window_start < s.start FROM rec, s`
 
 	// awaitedGroupsSQL (with %[14]s the resets table) lists the resets of
 	// stream $1 whose consumer groups were not all seen back yet, with

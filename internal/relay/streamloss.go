@@ -89,8 +89,15 @@ type streamGuard struct {
 	firstMs      int64    // ms of the oldest entry at the last good check
 	consumedMs   int64    // ms below which every group had read and acked
 	groups       []string // the consumer groups at the last good look
-	pending      []outbox.StreamReset
-	resetsSeen   int
+	// aheadMs is how far the stream's ids ran ahead of the relay's clock,
+	// the most seen (0 if never). Redis makes ids from its own clock and
+	// never lets them go back, so a Redis clock ahead, one stepped back
+	// after it ran ahead, or an entry added with an explicit later id
+	// gives entries ids later than their rows' dispatch; a reset's window
+	// reaches back that much further.
+	aheadMs    int64
+	pending    []outbox.StreamReset
+	resetsSeen int
 	// found wakes the watch loop when a reset is queued, so that it is
 	// recorded at once: until then it lives only in this process.
 	found chan struct{}
@@ -144,6 +151,8 @@ func isNoSuchKey(err error) bool {
 // entry (added: "" if none, n entries). The caller holds the guard's lock.
 func (r *Relay) observeLocked(c *streamCheck, added string, n int) {
 	g := &r.stream
+	now := time.Now()
+	g.noteIDLocked(added, now)
 	info := c.info
 	missing := isNoSuchKey(info.Err())
 	if info.Err() != nil && !missing {
@@ -156,6 +165,7 @@ func (r *Relay) observeLocked(c *streamCheck, added string, n int) {
 	var x redis.XInfoStream
 	if !missing {
 		x = *info.Val()
+		g.noteIDLocked(x.LastGeneratedID, now)
 	}
 	if g.known {
 		var why string
@@ -208,16 +218,27 @@ func (r *Relay) observeLocked(c *streamCheck, added string, n int) {
 	}
 }
 
+// noteIDLocked takes in a stream id made by Redis before at (by the
+// relay's clock): how far ahead of the clock it is, if it is. The caller
+// holds the guard's lock.
+func (g *streamGuard) noteIDLocked(id string, at time.Time) {
+	if ms := idMs(id); ms > 0 {
+		g.aheadMs = max(g.aheadMs, ms-at.UnixMilli())
+	}
+}
+
 // reportReset logs a reset once, counts it and queues its record. The
 // window runs from the oldest entry that may not have been consumed (the
 // oldest entry the stream held, or every group's acknowledged position if
-// later), less the time a batch may take between its claim and its XADD
-// and a clock skew, to now.
+// later), less the time a batch may take between its claim and its XADD,
+// a clock skew and how far the ids ran ahead of the relay's clock, to now.
+// The window is of the relay's clock; its record moves it to PostgreSQL's
+// (outbox.Table.RecordStreamReset).
 func (r *Relay) reportReset(why string) {
 	g := &r.stream
 	now := time.Now()
 	fromMs := max(g.firstMs, g.consumedMs)
-	margin := passSlack + time.Duration(r.cfg.InFlight)*r.cfg.PublishTimeout + clockSkew
+	margin := passSlack + time.Duration(r.cfg.InFlight)*r.cfg.PublishTimeout + clockSkew + time.Duration(g.aheadMs)*time.Millisecond
 	from := time.Unix(0, 0) // no knowledge: as far back as the table goes
 	if fromMs > 0 {
 		from = time.UnixMilli(fromMs).Add(-margin)
@@ -286,9 +307,13 @@ func (g *streamGuard) setGroups(bound string, names []string) {
 // restore takes in what the relays last saw of the stream (recorded in
 // PostgreSQL), when this relay has not seen it yet: so its first look
 // finds a reset that happened while no relay ran. ownID stays unknown.
+// The last id recorded, seen before its record was written, says how far
+// the ids ran ahead of the clock then: the new stream of such a reset
+// would not.
 func (g *streamGuard) restore(s outbox.StreamState) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.noteIDLocked(s.LastID, time.Now().Add(-s.Age))
 	if g.known {
 		return
 	}
@@ -460,7 +485,7 @@ func (r *Relay) recordResets(ctx context.Context, replay bool) {
 			// recorded twice.
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
-			return r.cfg.Table.RecordStreamReset(ctx, r.db, reset)
+			return r.cfg.Table.RecordStreamReset(ctx, r.db, reset, time.Now())
 		}()
 		if err != nil {
 			r.cfg.Metrics.stream.resetRecordErrors.Inc()
@@ -468,7 +493,7 @@ func (r *Relay) recordResets(ctx context.Context, replay bool) {
 			r.stream.requeue(pending[i:])
 			return
 		}
-		if recorded.WindowStart.Before(reset.WindowStart) {
+		if recorded.ReachedBack {
 			r.log.Error("The stream reset's window reaches back to a replay made since it began, whose events it may have lost too",
 				"windowStart", recorded.WindowStart.Format(time.RFC3339))
 		}

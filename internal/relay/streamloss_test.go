@@ -418,8 +418,7 @@ func TestStreamResetAfterAReplayCoversTheReplayedRows(t *testing.T) {
 	p := b.waitPendingReset(t)
 	require.NoError(t, stop())
 	require.False(t, p.WindowStart.After(since), "the window %s reaches back to the replay's, %s", p.WindowStart, since)
-	res, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: *p.WindowStart, Until: p.WindowEnd.Add(time.Second)})
-	require.NoError(t, err)
+	res = b.replayRecorded(t, p)
 	require.Equal(t, int64(len(ids)), res.Republished)
 	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
 }
@@ -479,11 +478,18 @@ func TestResetWindowEndsOnPostgresClock(t *testing.T) {
 	var lastDispatched time.Time
 	require.NoError(t, b.db.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox_events`).Scan(&lastDispatched))
 	require.False(t, p.WindowEnd.Before(lastDispatched), "the window ends at %s, before the last dispatch %s", p.WindowEnd, lastDispatched)
-	since, until := ReplayWindow(*p.WindowStart, *p.WindowEnd, false)
-	res, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: until})
-	require.NoError(t, err)
-	require.Equal(t, int64(1), res.ResetsReplayed)
+	require.Equal(t, int64(1), b.replayRecorded(t, p).ResetsReplayed)
 	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
+
+// replayRecorded replays the window of the pending resets p, as `relay
+// replay --pending` does.
+func (b *testBundle) replayRecorded(t *testing.T, p outbox.PendingResets) ReplayResult {
+	t.Helper()
+	since, until := ReplayWindow(*p.WindowStart, *p.WindowEnd, false)
+	res, err := Replay(context.Background(), b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: until})
+	require.NoError(t, err)
+	return res
 }
 
 // waitPendingReset waits until one stream reset of the bundle's stream is
@@ -557,8 +563,7 @@ func TestStreamResetWindowCoversAGroupThatStartsOver(t *testing.T) {
 	p := b.pendingResets(t)
 	require.Equal(t, int64(1), p.Count)
 	require.False(t, p.WindowStart.After(old), "the window %s reaches back to the first entry g2 had not read, %s", p.WindowStart, old)
-	_, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: *p.WindowStart, Until: p.WindowEnd.Add(time.Second)})
-	require.NoError(t, err)
+	b.replayRecorded(t, p)
 	requireAtLeastOnce(t, b.readStream(t, b.stream), append([]string{oldID}, ids...))
 }
 
@@ -571,13 +576,24 @@ func TestStreamResetWindowCoversAGroupThatStartsOver(t *testing.T) {
 // events gone for good.
 func TestStreamResetWhileNoRelayRanIsFound(t *testing.T) {
 	t.Parallel()
+	resetWhileNoRelayRan(t, 0)
+}
+
+// resetWhileNoRelayRan runs TestStreamResetWhileNoRelayRanIsFound on a
+// stream whose ids run ahead of the clock by ahead (0: they do not).
+func resetWhileNoRelayRan(t *testing.T, ahead time.Duration) {
+	t.Helper()
 	rs := testenv.StartRedis(t)
 	b := setup(t, bundleOpts{redisURL: rs.URL()})
-	ctx := context.Background()
+	entries := int64(12)
+	if ahead > 0 {
+		b.aheadEntry(t, ahead)
+		entries++
+	}
 	cfg := Config{BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond}
 	stop := runInBackground(t, b.newRelay(t, cfg))
 	ids := b.insert(t, 12)
-	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) == 12 })
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) == entries })
 	require.NoError(t, stop())
 
 	rs.Stop(t)
@@ -591,8 +607,8 @@ func TestStreamResetWhileNoRelayRanIsFound(t *testing.T) {
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
 
 	p := b.pendingResets(t)
-	_, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: *p.WindowStart, Until: p.WindowEnd.Add(time.Second)})
-	require.NoError(t, err)
+	b.requireWindowFromFirstDispatch(t, p)
+	b.replayRecorded(t, p)
 	requireAtLeastOnce(t, b.readStream(t, b.stream), append(ids, more...))
 
 	// The stream made anew is no reset for the next relay.
@@ -601,6 +617,15 @@ func TestStreamResetWhileNoRelayRanIsFound(t *testing.T) {
 	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 })
 	require.NoError(t, stop())
 	require.Zero(t, b.pendingResets(t).Count, "no reset after the replay")
+}
+
+// requireWindowFromFirstDispatch requires that the window of the pending
+// resets p starts no later than the first row's dispatch.
+func (b *testBundle) requireWindowFromFirstDispatch(t *testing.T, p outbox.PendingResets) {
+	t.Helper()
+	var first time.Time
+	require.NoError(t, b.db.QueryRow(context.Background(), `SELECT min(dispatched_at) FROM outbox_events`).Scan(&first))
+	require.False(t, p.WindowStart.After(first), "the window starts at %s, after the first dispatch %s", p.WindowStart, first)
 }
 
 // TestRedisSwitchedToALaggingReplicaIsFound: the relays are moved to
@@ -717,7 +742,7 @@ func TestReplayKeepsTheResetWhenItSkipsRowsNobodyParked(t *testing.T) {
 	_, err = b.db.Exec(ctx, `DELETE FROM outbox_events_dead_letters`)
 	require.NoError(t, err)
 	_, err = b.table.RecordStreamReset(ctx, b.db, outbox.StreamReset{Stream: b.stream, WindowStart: time.Now().Add(-time.Hour),
-		WindowEnd: time.Now(), Reason: "test"})
+		WindowEnd: time.Now(), Reason: "test"}, time.Now())
 	require.NoError(t, err)
 	p = b.pendingResets(t)
 	opts.Since, opts.Until = *p.WindowStart, p.WindowEnd.Add(time.Second)
@@ -839,4 +864,55 @@ func TestReplayWaitsForABatchInFlight(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, res.StillRunning, "had not ended after 200ms")
 	require.EqualValues(t, 10, res.Republished)
+}
+
+// aheadEntry adds an entry to the bundle's stream with an id ahead of the
+// clock by d: Redis numbers every later entry from there, as it does when
+// its clock runs ahead of PostgreSQL's, or was stepped back after it had.
+func (b *testBundle) aheadEntry(t *testing.T, d time.Duration) {
+	t.Helper()
+	id := strconv.FormatInt(time.Now().Add(d).UnixMilli(), 10) + "-0"
+	require.NoError(t, b.rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: b.stream, ID: id,
+		Values: []string{"note", "an entry of another writer, its id ahead of the clock"}}).Err())
+}
+
+// TestResetWindowCoversIDsAheadOfTheClock: a reset's window starts from
+// stream ids (the oldest entry held, or the groups' positions), which
+// Redis makes from its own clock and never lets go back, and it selects
+// rows by dispatched_at, PostgreSQL's clock. With the stream's ids ten
+// minutes ahead, the window began eight minutes after the last dispatch
+// and the replay put back none of the lost events. The relay measures how
+// far the ids it adds run ahead of its clock and starts the window that
+// much earlier.
+func TestResetWindowCoversIDsAheadOfTheClock(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	b.aheadEntry(t, 10*time.Minute)
+	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
+	ids := b.insert(t, 20)
+	b.drain(t, r)
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	r.checkStream(ctx)
+	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
+	r.recordResets(ctx, false)
+
+	p := b.pendingResets(t)
+	require.Equal(t, int64(1), p.Count)
+	b.requireWindowFromFirstDispatch(t, p)
+	b.replayRecorded(t, p)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
+
+// TestResetWhileNoRelayRanCoversIDsAheadOfTheClock: the same ids ahead,
+// and the reset happens while no relay runs (Redis restarted empty). The
+// relay started next adds its first entries to the new stream, whose ids
+// are from Redis's clock again, so it cannot measure how far the lost
+// stream's ran ahead; what the relays recorded of the stream (its last id,
+// and when PostgreSQL wrote it) tells it.
+func TestResetWhileNoRelayRanCoversIDsAheadOfTheClock(t *testing.T) {
+	t.Parallel()
+	resetWhileNoRelayRan(t, 10*time.Minute)
 }

@@ -52,6 +52,8 @@ type streamLossSpec struct {
 	// cleanupFirst runs `relay cleanup --retention 0s` (what the cleanup
 	// CronJob does, with the shortest retention) before the replay.
 	cleanupFirst bool
+	// before, when set, runs before the relay starts.
+	before func(t *testing.T, rdb *redis.Client, stream string)
 }
 
 // streamLoss runs a stream-loss case: see streamLossCase.
@@ -67,6 +69,9 @@ func streamLoss(t *testing.T, c streamLossSpec) {
 	if source != "Polling" {
 		args = append(args, "--source", source, "--slot", replicationSlot)
 		replayArgs = append(replayArgs, "--source", source)
+	}
+	if c.before != nil {
+		c.before(t, rdb, stream)
 	}
 	relay := startRelay(t, "A", env, args...)
 	prod := startProducers(t, producerConfig{
@@ -160,6 +165,28 @@ func TestFlushAllMidDrain(t *testing.T) {
 	t.Parallel()
 	streamLossCase(t, "Polling", func(t *testing.T, rs *testenv.RedisServer) {
 		require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
+	})
+}
+
+// TestFlushAllWithIDsAheadOfTheClock: FLUSHALL while the relay drains a
+// stream whose ids run ten minutes ahead of the clock (another writer's
+// entry with an explicit later id, before the relay started: Redis numbers
+// every later entry from there, as it does when its clock runs ahead of
+// PostgreSQL's). The reset's window, from stream ids, began after every
+// event it lost and after its own end, and the replay failed; it now
+// starts earlier by how far the relay saw the ids run ahead.
+func TestFlushAllWithIDsAheadOfTheClock(t *testing.T) {
+	t.Parallel()
+	streamLoss(t, streamLossSpec{
+		source: "Polling",
+		before: func(t *testing.T, rdb *redis.Client, stream string) {
+			id := strconv.FormatInt(time.Now().Add(10*time.Minute).UnixMilli(), 10) + "-0"
+			require.NoError(t, rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: stream, ID: id,
+				Values: []string{"note", "another writer's entry, its id ahead of the clock"}}).Err())
+		},
+		fault: func(t *testing.T, rs *testenv.RedisServer) {
+			require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
+		},
 	})
 }
 
