@@ -65,7 +65,6 @@ func (t *Table) ReadStreamState(ctx context.Context, q Querier, stream string) (
 	s.Stream = stream
 	var ageMs int64
 	err = q.QueryRow(ctx, t.resets(readStreamStateSQL), stream).Scan(&s.LastID, &s.EntriesAdded, &s.FirstMs, &s.ConsumedMs, &s.Groups, &ageMs)
-	s.Age = time.Duration(ageMs) * time.Millisecond
 	var pgErr *pgconn.PgError
 	if errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
 		return StreamState{}, false, nil
@@ -73,6 +72,7 @@ func (t *Table) ReadStreamState(ctx context.Context, q Querier, stream string) (
 	if err != nil {
 		return StreamState{}, false, fmt.Errorf("reading the stream's state from %s: %w", t.StreamStateTableName(), t.classify(err))
 	}
+	s.Age = time.Duration(ageMs) * time.Millisecond
 	return s, true, nil
 }
 
@@ -142,10 +142,11 @@ func (t *Table) EnsureStreamResetsTable(ctx context.Context, db pgtx.Beginner) e
 // RecordStreamReset records a reset whose window is of the caller's clock
 // (now is its reading) and returns it as recorded, of PostgreSQL's (the
 // dispatch times' clock): it starts earlier by as much as the caller's
-// clock is ahead of PostgreSQL's, reaches back to the start of the window of any replay of
-// the stream done since the reset's window began (a replay adds old rows'
-// events anew, so a reset that loses entries added since may lose theirs
-// again), and ends no earlier than PostgreSQL's clock at the record.
+// clock is ahead of PostgreSQL's, reaches back to the start of the window
+// of any replay of the stream done since the reset's window began (a
+// replay adds old rows' events anew, so a reset that loses entries added
+// since may lose theirs again), and ends no earlier than PostgreSQL's
+// clock at the record.
 func (t *Table) RecordStreamReset(ctx context.Context, q Querier, r StreamReset, now time.Time) (StreamReset, error) {
 	err := q.QueryRow(ctx, t.resets(recordStreamResetSQL), r.Stream, r.WindowStart, r.WindowEnd, r.Reason, r.Groups, now).
 		Scan(&r.WindowStart, &r.WindowEnd, &r.RunningBelow, &r.ReachedBack)
