@@ -100,6 +100,28 @@ const (
 	codeInvalidSchemaName = "3F000"
 )
 
+// Identity is the table's name as PostgreSQL resolves it, whatever the
+// spelling given: "outbox_events" and "public.outbox_events" (or an
+// unqualified name found by the search_path) are one table, and what the
+// relays of one table must agree on (the advisory locks and Redis fences
+// of ordering Strict and PerKey) is keyed by this one name. It is
+// unqualified in schema public and "schema.name" elsewhere, so that the
+// default spelling keeps the name it always had.
+func (t *Table) Identity(ctx context.Context, q Querier) (string, error) {
+	var schema, name string
+	err := q.QueryRow(ctx, identitySQL, t.qTable).Scan(&schema, &name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("%w: %s", ErrTableNotFound, t)
+	}
+	if err != nil {
+		return "", fmt.Errorf("resolving table %s: %w", t, err)
+	}
+	if schema == "public" {
+		return name, nil
+	}
+	return schema + "." + name, nil
+}
+
 // classify maps PostgreSQL errors that mean "wrong layout" to the package's
 // sentinels, keeping the original error in the chain.
 func (t *Table) classify(err error) error {

@@ -163,3 +163,35 @@ func TestInsertStatements(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestIdentity: one table has one identity whatever its spelling (the
+// keys of ordering Strict and PerKey), and the default spelling keeps its
+// name: unqualified in public, qualified elsewhere, also when a session's
+// search_path finds it unqualified.
+func TestIdentity(t *testing.T) {
+	t.Parallel()
+	db := connect(t, MustNew("", Columns{}).DDL(DDLOptions{})+MustNew("app.outbox", Columns{}).DDL(DDLOptions{}))
+	ctx := context.Background()
+	for spelled, want := range map[string]string{
+		"outbox_events": "outbox_events", "public.outbox_events": "outbox_events", "app.outbox": "app.outbox",
+	} {
+		got, err := MustNew(spelled, Columns{}).Identity(ctx, db)
+		require.NoError(t, err)
+		require.Equal(t, want, got, spelled)
+	}
+	conn, err := db.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SET search_path = app, public`)
+	require.NoError(t, err)
+	got, err := MustNew("outbox", Columns{}).Identity(ctx, conn)
+	require.NoError(t, err)
+	require.Equal(t, "app.outbox", got, "found by the search_path")
+	_, err = conn.Exec(ctx, `RESET search_path`)
+	require.NoError(t, err)
+
+	for _, missing := range []string{"outbox", "nosuch.outbox_events"} {
+		_, err = MustNew(missing, Columns{}).Identity(ctx, db)
+		require.ErrorIs(t, err, ErrTableNotFound, missing)
+	}
+}

@@ -72,6 +72,11 @@ SELECT r_id, r_type, r_payload, r_created%[16]s FROM claimed ORDER BY sort_creat
 	claimFromWhere = `
 		AND %[5]s >= $2::timestamptz`
 
+	// identitySQL is the schema and name of the table $1 (quoted) as the
+	// session resolves it; no row when there is none.
+	identitySQL = `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass($1)`
+
 	// keyCheckSQL (with %[14]s the key column) reads no row: it fails when
 	// the key column does not exist.
 	keyCheckSQL = `SELECT %[14]s FROM %[1]s LIMIT 0`

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
@@ -180,4 +181,73 @@ func TestRolloutAcrossDispatchModesLosesNothing(t *testing.T) {
 	require.NoError(t, stopStrict())
 	dups := requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
 	t.Logf("events %d, duplicates %d, rows cleaned %d", len(ids), dups, cleaned)
+}
+
+// TestShutdownMidBatchOnDispatchLosesNothing: the relay's context ends
+// (SIGTERM) while a batch of OnDispatch is published, or committed, and the
+// next is claimed. The claim deleted the rows: every row must be in the
+// stream or still in the table, and a new relay drains the rest in order.
+func TestShutdownMidBatchOnDispatchLosesNothing(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"publish", "commit"} {
+		t.Run(where, func(t *testing.T) {
+			b := setup(t, bundleOpts{})
+			b.insertBulk(t, 400)
+			ids := b.allIDs(t)
+			r := b.newRelay(t, Config{BatchSize: 20, InFlight: 2, Dispatch: outbox.DeleteOnDispatch})
+			ctx, cancel := context.WithCancel(context.Background())
+			var n atomic.Int64
+			hold := func() {
+				if n.Add(1) == 6 {
+					cancel()
+					time.Sleep(300 * time.Millisecond)
+				}
+			}
+			if where == "publish" {
+				r.testHookBeforePublish = func([]outbox.Event) error { hold(); return nil }
+			} else {
+				r.testHookBeforeCommit = func(context.Context) error { hold(); return nil }
+			}
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("relay did not stop")
+			}
+			b.requireInStreamOrTable(t, ids)
+			// What is left is drained by a new relay.
+			r2 := b.newRelay(t, Config{BatchSize: 20, InFlight: 2, Dispatch: outbox.DeleteOnDispatch})
+			stop := runInBackground(t, r2)
+			waitFor(t, "drained", func() bool { return b.rowCount(t) == 0 })
+			require.NoError(t, stop())
+			requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+			requireFirstOccurrencesInOrder(t, b.readStream(t, b.stream), ids)
+		})
+	}
+}
+
+// requireInStreamOrTable requires that every id is in the stream or still
+// in the table (OnDispatch deletes rows when their batch commits).
+func (b *testBundle) requireInStreamOrTable(t *testing.T, ids []string) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, e := range b.readStream(t, b.stream) {
+		seen[e[FieldEventID]] = true
+	}
+	rows, err := b.db.Query(context.Background(), `SELECT id::text FROM outbox_events`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	for _, id := range left {
+		seen[id] = true
+	}
+	var lost []string
+	for _, id := range ids {
+		if !seen[id] {
+			lost = append(lost, id)
+		}
+	}
+	require.Empty(t, lost, "rows gone from the table and absent from the stream")
 }

@@ -88,9 +88,11 @@ const (
 // every relay of the table.
 type lockKeys struct{ base, member int64 }
 
-func newLockKeys(t *outbox.Table, partitions int) lockKeys {
+// newLockKeys derives the keys of the table named table (its
+// outbox.Table.Identity, one name whatever the spelling a relay was given).
+func newLockKeys(table string, partitions int) lockKeys {
 	h := fnv.New64a()
-	_, _ = h.Write([]byte("outbox-relay/ordered/" + t.String() + "/" + strconv.Itoa(partitions)))
+	_, _ = h.Write([]byte("outbox-relay/ordered/" + table + "/" + strconv.Itoa(partitions)))
 	base := int64(h.Sum64()&(1<<42-1)) << 20 // positive; 2^20 keys of room
 	return lockKeys{base: base, member: base + 1<<20 - 1}
 }
@@ -155,7 +157,7 @@ func (r *Relay) openOwnership(ctx context.Context) (*ownership, error) {
 		return nil, fmt.Errorf("connecting the ownership session: %w", err)
 	}
 	conn := pc.Hijack() // a session holding locks must not return to the pool
-	o := &ownership{r: r, partitions: partitions, keys: newLockKeys(r.cfg.Table, partitions), conn: conn,
+	o := &ownership{r: r, partitions: partitions, conn: conn,
 		held: map[int64]bool{}, fencing: map[int64]bool{}, pid: conn.PgConn().PID(), lost: make(chan struct{})}
 	o.claimable.Store(&[]int64{})
 	if _, err := conn.Exec(ctx, "SET idle_session_timeout = "+strconv.FormatInt(r.cfg.LeaderTimeout.Milliseconds(), 10)); err != nil {
@@ -168,7 +170,12 @@ func (r *Relay) openOwnership(ctx context.Context) (*ownership, error) {
 		_ = conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("reading the database of the ownership session: %w", err)
 	}
-	o.field = database + "/" + r.cfg.Table.String() + "/"
+	table, err := r.cfg.Table.Identity(ctx, conn)
+	if err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("ordering %s: %w", r.cfg.Ordering, err)
+	}
+	o.keys, o.field = newLockKeys(table, partitions), database+"/"+table+"/"
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared($1)", o.keys.member); err != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("joining the relays of %s: %w", r.cfg.Table, err)

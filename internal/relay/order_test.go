@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
@@ -141,6 +143,42 @@ func TestStrictOneLeaderAndTakeover(t *testing.T) {
 	waitFor(t, "backlog drained by the new leader", func() bool { return b.backlog(t) == 0 })
 	require.NoError(t, stopSecond())
 	require.Positive(t, published[1].Load(), "the standby took over")
+	requireFirstOccurrencesInOrder(t, b.readStream(t, b.stream), ids)
+}
+
+// TestStrictOneLeaderWhateverTheSpelling: two Strict relays of one table,
+// one given "outbox_events" and the other "public.outbox_events" (a
+// rollout that adds the schema to spec.postgres.table runs both for a
+// while). Their locks and fences were keyed by the spelling, so both led
+// and the stream was out of order (a review's reproduction: at event 89
+// and 161 of 3,000). They are keyed by the table PostgreSQL resolves
+// (outbox.Table.Identity): the second one waits as a standby.
+func TestStrictOneLeaderWhateverTheSpelling(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	b.insertBulk(t, 3000)
+	ids := b.allIDs(t)
+	cfg := Config{Ordering: OrderingStrict, BatchSize: 20, InFlight: 2, LeaderTimeout: 2 * time.Second,
+		StandbyPoll: 50 * time.Millisecond}
+	qualified := *b
+	qualified.table = outbox.MustNew("public.outbox_events", outbox.Columns{})
+	relays := []*Relay{b.newRelay(t, cfg), qualified.newRelay(t, cfg)}
+	var published [2]atomic.Int64
+	stops := make([]func() error, len(relays))
+	for i, r := range relays {
+		r.testHookBeforePublish = func(events []outbox.Event) error {
+			published[i].Add(int64(len(events)))
+			time.Sleep(2 * time.Millisecond) // a batch in flight while the other claims
+			return nil
+		}
+		stops[i] = runInBackground(t, r)
+	}
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 })
+	for _, stop := range stops {
+		require.NoError(t, stop())
+	}
+	require.True(t, published[0].Load() == 0 || published[1].Load() == 0, "one leader: published %d and %d",
+		published[0].Load(), published[1].Load())
 	requireFirstOccurrencesInOrder(t, b.readStream(t, b.stream), ids)
 }
 
@@ -515,4 +553,108 @@ func TestReplayPastWhatCleanupKeptSaysSo(t *testing.T) {
 	require.EqualValues(t, 4, res.Republished)
 	require.Contains(t, res.Incomplete, "no row dispatched before ")
 	require.Contains(t, res.Incomplete, "cleanup may have deleted rows of the window")
+}
+
+// TestPerKeyOwnershipSessionsTerminatedMidDrain: three PerKey relays
+// drain while the server terminates their ownership sessions, one after
+// another (partitions move while batches are in flight), in both cleanup
+// modes: every event in the stream, each key in order.
+func TestPerKeyOwnershipSessionsTerminatedMidDrain(t *testing.T) {
+	t.Parallel()
+	for _, d := range []outbox.Dispatch{outbox.MarkDispatched, outbox.DeleteOnDispatch} {
+		t.Run(d.String(), func(t *testing.T) {
+			b, want := keyedBundle(t, 8000, 60)
+			cfg := Config{Ordering: OrderingPerKey, Partitions: 8, BatchSize: 40, InFlight: 2, Dispatch: d,
+				LeaderTimeout: 2 * time.Second, StandbyPoll: 30 * time.Millisecond}
+			var published atomic.Int64
+			newRelay := func() *Relay {
+				r := b.newRelay(t, cfg)
+				r.testHookBeforePublish = func(events []outbox.Event) error {
+					published.Add(int64(len(events)))
+					time.Sleep(6 * time.Millisecond)
+					return nil
+				}
+				return r
+			}
+			stops := []func() error{runInBackground(t, newRelay()), runInBackground(t, newRelay()), runInBackground(t, newRelay())}
+			pending := func() int64 {
+				var n int64
+				q := `SELECT count(*) FROM outbox_events WHERE dispatched_at IS NULL`
+				if d == outbox.DeleteOnDispatch {
+					q = `SELECT count(*) FROM outbox_events`
+				}
+				require.NoError(t, b.db.QueryRow(context.Background(), q).Scan(&n))
+				return n
+			}
+			kills := 0
+			for i := 0; i < 15 && pending() > 300; i++ {
+				time.Sleep(150 * time.Millisecond)
+				pids := b.ownershipPIDs(t)
+				if len(pids) > 0 {
+					_, err := b.db.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pids[i%len(pids)])
+					require.NoError(t, err)
+					kills++
+				}
+			}
+			t.Logf("ownership sessions terminated: %d", kills)
+			waitFor(t, "drained", func() bool { return pending() == 0 })
+			for _, s := range stops {
+				require.NoError(t, s())
+			}
+			requirePerKeyOrder(t, b.readStream(t, b.stream), want)
+		})
+	}
+}
+
+// ownershipPIDs are the sessions that hold advisory locks while idle
+// outside a transaction: the relays' ownership sessions.
+func (b *testBundle) ownershipPIDs(t *testing.T) []int64 {
+	t.Helper()
+	rows, err := b.db.Query(context.Background(), `SELECT DISTINCT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database() AND a.state = 'idle'`)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return pids
+}
+
+// TestStrictPublishTimedOutAndAppliedLaterDuplicatesOnly: an ambiguous
+// Redis failure. The fenced script times out on the client (Redis is busy
+// with another script), the batch rolls back, and Redis runs the script
+// afterwards anyway. Strict, OnDispatch: duplicates only, first
+// occurrences in order.
+func TestStrictPublishTimedOutAndAppliedLaterDuplicatesOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ids := b.insert(t, 200)
+	other := redis.NewClient(&redis.Options{Addr: b.rdb.Options().Addr, MaxRetries: -1,
+		ReadTimeout: 10 * time.Second})
+	t.Cleanup(func() { _ = other.Close() })
+	r := b.newRelay(t, Config{Ordering: OrderingStrict, BatchSize: 10, InFlight: 2, Dispatch: outbox.DeleteOnDispatch,
+		PublishTimeout: 300 * time.Millisecond, LeaderTimeout: 2 * time.Second, StandbyPoll: 50 * time.Millisecond,
+		MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	var n atomic.Int64
+	var busy sync.WaitGroup
+	busyScript := `local t0 = redis.call('TIME')
+while true do
+	local t = redis.call('TIME')
+	if (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 1200000 then break end
+end
+return 1`
+	r.testHookBeforePublish = func([]outbox.Event) error {
+		if k := n.Add(1); k == 3 || k == 9 {
+			busy.Go(func() { _ = other.Eval(context.Background(), busyScript, nil).Err() })
+			time.Sleep(50 * time.Millisecond)
+		}
+		return nil
+	}
+	stop := runInBackground(t, r)
+	waitFor(t, "drained", func() bool { return b.rowCount(t) == 0 })
+	busy.Wait()
+	time.Sleep(200 * time.Millisecond)
+	require.NoError(t, stop())
+	entries := b.readStream(t, b.stream)
+	dups := requireAtLeastOnce(t, entries, ids)
+	t.Logf("entries %d, duplicates %d", len(entries), dups)
+	requireFirstOccurrencesInOrder(t, entries, ids)
 }
