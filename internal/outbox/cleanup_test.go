@@ -56,7 +56,7 @@ func TestCleanupKeepsTheRowsOfAResetNotReplayed(t *testing.T) {
 	require.EqualValues(t, 3, n, "the rows dispatched 7 to 9 hours ago, before the window")
 	require.Equal(t, 6, count(), "the rows dispatched in the window are kept")
 
-	_, err = tbl.MarkStreamResetsReplayed(ctx, db, "s", time.Unix(0, 0), time.Now().Add(time.Hour))
+	_, err = tbl.MarkStreamResetsReplayed(ctx, db, "s", time.Unix(0, 0), time.Now().Add(time.Hour), time.Now().Add(time.Hour))
 	require.NoError(t, err)
 	n, err = tbl.DeleteAllDispatched(ctx, db, 0, 3, nil)
 	require.NoError(t, err)
@@ -81,7 +81,7 @@ func TestDropPartitionsKeepsTheRowsOfAResetNotReplayed(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, dropped, "public.outbox_events_old", "a row dispatched in the window")
 
-	_, err = tbl.MarkStreamResetsReplayed(ctx, db, "s", time.Unix(0, 0), time.Now().Add(time.Hour))
+	_, err = tbl.MarkStreamResetsReplayed(ctx, db, "s", time.Unix(0, 0), time.Now().Add(time.Hour), time.Now().Add(time.Hour))
 	require.NoError(t, err)
 	dropped, _, err = tbl.DropDispatchedPartitions(ctx, db, db, time.Hour)
 	require.NoError(t, err)

@@ -176,7 +176,7 @@ func TestDeleteStreamed(t *testing.T) {
 	require.ErrorAs(t, err, &held)
 	require.ErrorContains(t, err, "relay replay --pending")
 	require.Zero(t, n)
-	_, err = tbl.MarkStreamResetsReplayed(ctx, db, "s", time.Unix(0, 0), time.Now().Add(time.Hour))
+	_, err = tbl.MarkStreamResetsReplayed(ctx, db, "s", time.Unix(0, 0), time.Now().Add(time.Hour), time.Now().Add(time.Hour))
 	require.NoError(t, err)
 	n, _, err = tbl.DeleteStreamed(ctx, db, "s", 90*time.Minute, time.Minute, 100)
 	require.NoError(t, err)

@@ -163,19 +163,30 @@ func (t *Table) RecordStreamReset(ctx context.Context, q Querier, r StreamReset,
 	return r, nil
 }
 
-// RecordReplay records that the rows of window [since, until) of stream
-// were republished just now, as a reset already replayed: a reset found
-// later whose window began before now reaches back to since
-// (RecordStreamReset). A missing table means nothing to record: no relay
-// could record a reset in it either.
-func (t *Table) RecordReplay(ctx context.Context, q Querier, stream string, since, until time.Time, what string) error {
-	_, err := q.Exec(ctx, t.resets(recordReplaySQL), stream, since, until, what)
+// RecordReplay records that a replay of the rows of window [since, until)
+// of stream adds their events again from now on, as a reset already
+// replayed, and returns the record's id (0 when there is no table): a reset
+// found later whose window began before the replay's last entries reaches
+// back to since (RecordStreamReset). The replay renews the record as it
+// goes on (ReplayGoesOn). A missing table means nothing to record: no
+// relay could record a reset in it either.
+func (t *Table) RecordReplay(ctx context.Context, q Querier, stream string, since, until time.Time, what string) (int64, error) {
+	var id int64
+	err := q.QueryRow(ctx, t.resets(recordReplaySQL), stream, since, until, what).Scan(&id)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
-		return nil
+		return 0, nil
 	}
 	if err != nil {
-		return fmt.Errorf("recording a replay in %s: %w", t.StreamResetsTable(), err)
+		return 0, fmt.Errorf("recording a replay in %s: %w", t.StreamResetsTable(), err)
+	}
+	return id, nil
+}
+
+// ReplayGoesOn records that replay id (RecordReplay) adds entries now.
+func (t *Table) ReplayGoesOn(ctx context.Context, q Querier, id int64) error {
+	if _, err := q.Exec(ctx, t.resets(replayGoesOnSQL), id); err != nil {
+		return fmt.Errorf("recording a replay's progress in %s: %w", t.StreamResetsTable(), err)
 	}
 	return nil
 }
@@ -288,10 +299,12 @@ func (t *Table) PendingStreamResets(ctx context.Context, q Querier, stream strin
 }
 
 // MarkStreamResetsReplayed marks the resets of stream whose window lies
-// within [since, until] as replayed, and returns how many. A missing
-// table means none.
-func (t *Table) MarkStreamResetsReplayed(ctx context.Context, q Querier, stream string, since, until time.Time) (int64, error) {
-	tag, err := q.Exec(ctx, t.resets(markStreamResetsReplayedSQL), stream, since, until)
+// within [since, until] and that were detected before (PostgreSQL's clock:
+// a replay's start) as replayed, and returns how many. A reset detected
+// since may have lost entries the replay added before it. A missing table
+// means none.
+func (t *Table) MarkStreamResetsReplayed(ctx context.Context, q Querier, stream string, since, until, before time.Time) (int64, error) {
+	tag, err := q.Exec(ctx, t.resets(markStreamResetsReplayedSQL), stream, since, until, before)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
 		return 0, nil

@@ -124,7 +124,8 @@ func TestResetWindowRecordedOnPostgresClock(t *testing.T) {
 				require.False(t, r.WindowEnd.Before(start))
 			}
 			// A replay since the window began: the window reaches back to its start.
-			require.NoError(t, tbl.RecordReplay(ctx, db, "s", start.Add(-time.Hour), start, "test"))
+			_, err := tbl.RecordReplay(ctx, db, "s", start.Add(-time.Hour), start, "test")
+			require.NoError(t, err)
 			r, err := tbl.RecordStreamReset(ctx, db, StreamReset{Stream: "s", WindowStart: start, WindowEnd: start,
 				Reason: "test"}, time.Now())
 			require.NoError(t, err)

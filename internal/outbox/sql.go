@@ -374,8 +374,14 @@ WHERE stream = $1 AND groups_back_at IS NULL AND cardinality(groups) > 0 ORDER B
 	groupsBackSQL = `UPDATE %[14]s SET groups_back_at = now() WHERE id = ANY($1::bigint[]) AND groups_back_at IS NULL`
 
 	// recordReplaySQL (with %[14]s the resets table) records a replay of
-	// stream $1 over [$2, $3), done now, for recordStreamResetSQL.
-	recordReplaySQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason, replayed_at) VALUES ($1, $2, $3, $4, now())`
+	// stream $1 over [$2, $3), adding entries now, for
+	// recordStreamResetSQL, and returns its id.
+	recordReplaySQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason, replayed_at) VALUES ($1, $2, $3, $4, now())
+RETURNING id`
+
+	// replayGoesOnSQL (with %[14]s the resets table) records that replay $1
+	// (recordReplaySQL) adds entries now.
+	replayGoesOnSQL = `UPDATE %[14]s SET replayed_at = now() WHERE id = $1`
 
 	// pendingStreamResetsSQL (with %[14]s the resets table) sums up the
 	// resets of stream $1 that no replay has covered yet: how many, the
@@ -389,9 +395,10 @@ FROM %[14]s WHERE stream = $1 AND replayed_at IS NULL`
 	resetsHoldSQL = `SELECT min(window_start) FROM %[14]s WHERE replayed_at IS NULL`
 
 	// markStreamResetsReplayedSQL (with %[14]s the resets table) marks the
-	// resets of stream $1 whose window lies within [$2, $3] as replayed.
+	// resets of stream $1 whose window lies within [$2, $3] and that were
+	// detected before $4 as replayed.
 	markStreamResetsReplayedSQL = `UPDATE %[14]s SET replayed_at = now()
-WHERE stream = $1 AND replayed_at IS NULL AND window_start >= $2 AND window_end <= $3`
+WHERE stream = $1 AND replayed_at IS NULL AND window_start >= $2 AND window_end <= $3 AND detected_at < $4`
 
 	// dispatchedSQL reads the rows dispatched in [$1, $2), oldest first by
 	// (created_at, id) as the claim orders them, for a replay. It is one

@@ -249,3 +249,18 @@ func (b *testBundle) owner(t *testing.T, r *Relay) *ownership {
 	require.NoError(t, o.rebalance(context.Background(), 0))
 	return o
 }
+
+// beginLong begins a transaction that a test keeps open on purpose, for
+// longer than the bundle's idle-in-transaction timeout allows a session
+// to wait between statements on a loaded machine; it is rolled back at the
+// test's end, before the pool closes, if the test has not ended it.
+func (b *testBundle) beginLong(t *testing.T) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.db.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 0`)
+	require.NoError(t, err)
+	return tx
+}

@@ -89,12 +89,13 @@ type ReplayResult struct {
 // BatchSize entries, each acknowledged by Redis (and WaitReplicas replicas)
 // before the next is sent: at least once, so consumers see duplicates of
 // what they already had, and dedupe them on event_id. The rows stay as
-// they are. When every page went out, the replay is recorded in the
-// stream-resets table (so that a later reset covers the rows it added
-// again, Table.RecordReplay), and the recorded stream resets of the stream
-// whose window lies within [Since, Until] are marked replayed. On an
-// error, what was republished so far is in the result; running the same
-// replay again is safe.
+// they are. The replay is recorded in the stream-resets table before its
+// first page and renewed before each (so that a reset found later, even
+// while it runs, covers the rows it added again, Table.RecordReplay), and
+// when every page went out, the recorded stream resets of the stream whose
+// window lies within [Since, Until], detected before the replay started,
+// are marked replayed. On an error, what was republished so far is in the
+// result; running the same replay again is safe.
 func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis.UniversalClient, o ReplayOptions) (ReplayResult, error) {
 	var res ReplayResult
 	if o.Stream == "" {
@@ -125,8 +126,29 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 				"replay the window again once they have ended", o.InFlightWait)
 		}
 	}
+	// Resets detected from now on are not marked by this replay: one may
+	// have lost entries it added before (its window reaches back to this
+	// replay's by the record below).
+	started, err := outbox.Now(ctx, db)
+	if err != nil {
+		return res, fmt.Errorf("replaying %s: %w", o.Stream, err)
+	}
+	var record int64 // the replay's record, made before its first page
+	what := "replayed: the rows of this window by " + by
 	var skippedIDs []string
-	err := read(ctx, db, o.Since, o.Until, page, func(events []outbox.Event) error {
+	err = read(ctx, db, o.Since, o.Until, page, func(events []outbox.Event) error {
+		// Recorded, or renewed, before each page: a reset found while the
+		// replay runs may take entries it added, whose rows' dispatch lies
+		// before the reset's window, which reaches back to this one's.
+		var err error
+		if record == 0 {
+			record, err = table.RecordReplay(ctx, db, o.Stream, o.Since, o.Until, what)
+		} else {
+			err = table.ReplayGoesOn(ctx, db, record)
+		}
+		if err != nil {
+			return err
+		}
 		n, skipped, err := r.replayPage(ctx, rdb, events, &skippedIDs)
 		res.Republished += n
 		res.Skipped += skipped
@@ -164,8 +186,8 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 			"already (it deletes the rows past its retention), whose events could not be republished",
 			strings.TrimSuffix(by, "_at"), o.Since.UTC().Format(time.RFC3339), table)
 	}
-	if res.Republished > 0 {
-		if err := table.RecordReplay(ctx, db, o.Stream, o.Since, o.Until, "replayed: the rows of this window by "+by); err != nil {
+	if record != 0 {
+		if err := table.ReplayGoesOn(ctx, db, record); err != nil {
 			return res, err
 		}
 	}
@@ -176,7 +198,7 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 	if !o.MarkSince.IsZero() {
 		markSince = o.MarkSince
 	}
-	res.ResetsReplayed, err = table.MarkStreamResetsReplayed(ctx, db, o.Stream, markSince, o.Until)
+	res.ResetsReplayed, err = table.MarkStreamResetsReplayed(ctx, db, o.Stream, markSince, o.Until, started)
 	return res, err
 }
 

@@ -624,9 +624,7 @@ func TestReplicationCatchUpTakesATransactionLongerThanTheMargin(t *testing.T) {
 	stop := runInBackground(t, b.newRelay(t, cfg))
 	b.waitCaughtUp(t, cfg.Slot)
 
-	long, err := b.db.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = long.Rollback(ctx) }()
+	long := b.beginLong(t)
 	var longID string
 	var began time.Time
 	require.NoError(t, long.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload) VALUES ('long', '{}')
@@ -671,10 +669,8 @@ func TestReplicationPublishesWhatThePublicationSkipped(t *testing.T) {
 	// Dropped and added again at once, with a transaction that inserts in
 	// the gap and commits well after the relay saw the change: the catch-up
 	// waits for it.
-	long, err := b.db.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = long.Rollback(ctx) }()
-	_, err = long.Exec(ctx, `SELECT pg_current_xact_id()`)
+	long := b.beginLong(t)
+	_, err := long.Exec(ctx, `SELECT pg_current_xact_id()`)
 	require.NoError(t, err)
 	time.Sleep(2 * cfg.CatchUpMargin) // the catch-up's bound by time passes its start
 	all = append(all, b.insertNow(t, 1)...)

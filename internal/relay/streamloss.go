@@ -361,6 +361,12 @@ func (r *Relay) loadStreamState(ctx context.Context) outbox.StreamState {
 // (its reset reported) is forgotten, so that a stream made anew is not
 // taken for one more reset.
 func (r *Relay) saveStreamState(ctx context.Context, saved *outbox.StreamState) {
+	if len(r.stream.pendingResets()) > 0 {
+		// A reset not recorded yet lives in this process only: what the
+		// relays recorded of the stream before it is what lets the next
+		// relay find it again, should this one stop before the record.
+		return
+	}
 	s, ok := r.stream.state(r.cfg.Stream)
 	if ok && saved != nil && s.LastID == saved.LastID && s.EntriesAdded == saved.EntriesAdded &&
 		s.FirstMs == saved.FirstMs && s.ConsumedMs == saved.ConsumedMs && slices.Equal(s.Groups, saved.Groups) {
@@ -543,18 +549,26 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 		since = floor
 	}
 	if reset.WindowStart.Before(floor) {
-		// Cleanup deletes rows after the retention this bound follows:
-		// what the window held before it is not in the table to replay.
-		r.log.Error("The stream reset's window began before --auto-replay-max-window; the events of rows "+
-			"older than that, which cleanup deletes, are not replayed and may be lost for good",
-			"windowStart", reset.WindowStart.Format(time.RFC3339), "replayedSince", floor.Format(time.RFC3339))
+		// The rows before the floor are not replayed here, and the reset
+		// stays pending (marked from the floor, below): cleanup keeps the
+		// rows of its window until a replay by hand covers them.
+		r.log.Error("The stream reset's window began before --auto-replay-max-window: replayed from there only; "+
+			"the reset stays pending, replay it by hand",
+			"windowStart", reset.WindowStart.Format(time.RFC3339), "replayedSince", floor.Format(time.RFC3339),
+			"replay", fmt.Sprintf("relay replay --table %s --stream %s --pending", r.cfg.Table, r.cfg.Stream))
+	}
+	markSince := reset.WindowStart
+	if markSince.Before(floor) {
+		markSince = floor
 	}
 	res, err := Replay(ctx, r.cfg.Table, r.db, r.rdb, ReplayOptions{
 		Stream: r.cfg.Stream, Since: since, Until: until, Created: created, BatchSize: r.cfg.BatchSize,
 		BatchBytes: r.cfg.BatchBytes, PublishTimeout: r.cfg.PublishTimeout, MaxPayloadBytes: r.cfg.MaxPayloadBytes,
 		WaitReplicas: r.cfg.WaitReplicas, WaitTimeout: r.cfg.WaitTimeout,
-		// The window recorded, not the clamped one, is what is marked.
-		MarkSince: reset.WindowStart,
+		// The window recorded, not the one a slot's relay reads by
+		// created_at, is what is marked; from the floor, a window that
+		// began before it is not.
+		MarkSince: markSince,
 	})
 	r.cfg.Metrics.stream.ReplayedEvents.Add(float64(res.Republished))
 	if err != nil {

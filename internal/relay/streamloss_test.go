@@ -2,7 +2,9 @@ package relay
 
 import (
 	"context"
+	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -272,9 +274,43 @@ func TestAutoReplayPastItsBoundSaysSo(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now()
 	r.autoReplay(ctx, outbox.StreamReset{Stream: b.stream, WindowStart: now.Add(-30 * time.Minute), WindowEnd: now})
-	require.NotContains(t, logs.String(), "may be lost for good")
+	require.NotContains(t, logs.String(), "the reset stays pending")
 	r.autoReplay(ctx, outbox.StreamReset{Stream: b.stream, WindowStart: now.Add(-2 * time.Hour), WindowEnd: now})
-	require.Contains(t, logs.String(), "may be lost for good")
+	require.Contains(t, logs.String(), "the reset stays pending, replay it by hand")
+}
+
+// TestAutoReplayPastItsBoundLeavesTheResetPending: a reset whose window
+// began before --auto-replay-max-window is replayed from that bound only.
+// It was marked replayed over its whole window all the same, and cleanup,
+// which had kept the window's older rows while the reset was pending,
+// deleted them at its next run: their events in neither the stream nor the
+// table (a review's reproduction). The reset now stays pending, cleanup
+// keeps the rows, and a replay by hand puts every event back.
+func TestAutoReplayPastItsBoundLeavesTheResetPending(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	r := b.newRelay(t, Config{BatchSize: 10, AutoReplay: true, AutoReplayMaxWindow: 5 * time.Minute})
+	ids := b.insert(t, 10)
+	b.drain(t, r)
+	// Dispatched ten minutes ago, past the bound; a consumer had not read them.
+	_, err := b.db.Exec(ctx, `UPDATE outbox_events SET dispatched_at = dispatched_at - interval '10 minutes'`)
+	require.NoError(t, err)
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	now := time.Now()
+	reset, err := b.table.RecordStreamReset(ctx, b.db, outbox.StreamReset{Stream: b.stream,
+		WindowStart: now.Add(-20 * time.Minute), WindowEnd: now, Reason: "test"}, now)
+	require.NoError(t, err)
+
+	r.autoReplay(ctx, reset)
+	require.Equal(t, int64(1), b.pendingResets(t).Count, "the reset stays pending")
+	n, err := b.table.DeleteAllDispatched(ctx, b.db, 5*time.Minute, 1000, nil)
+	require.NoError(t, err)
+	require.Zero(t, n, "cleanup keeps the rows of the pending reset's window")
+	require.Equal(t, int64(1), b.replayRecorded(t, b.pendingResets(t)).ResetsReplayed)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
 }
 
 // TestAutoReplayWaitsForTheBatchInFlight: a batch whose entries were added
@@ -915,4 +951,120 @@ func TestResetWindowCoversIDsAheadOfTheClock(t *testing.T) {
 func TestResetWhileNoRelayRanCoversIDsAheadOfTheClock(t *testing.T) {
 	t.Parallel()
 	resetWhileNoRelayRan(t, 10*time.Minute)
+}
+
+// afterFirstXAdds is a go-redis hook that runs fn once, right after the
+// first pipeline of XADDs its client sends.
+type afterFirstXAdds struct {
+	once sync.Once
+	fn   func()
+}
+
+func (h *afterFirstXAdds) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *afterFirstXAdds) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *afterFirstXAdds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "xadd" }) {
+			h.once.Do(h.fn)
+		}
+		return err
+	}
+}
+
+// TestResetWhileAReplayRunsCoversWhatItAddedBefore: a replay republishes a
+// window page by page; Redis loses the stream again after its first page
+// (a Redis without persistence crash-looping), and the relay records that
+// second reset while the replay runs. The replay recorded itself only at
+// its end, so the second reset's window did not reach back to the rows of
+// its first page, and the replay then marked the first reset replayed:
+// those events were in no stream and no pending window (a review's
+// reproduction). The replay now records itself before each page, so the
+// second window reaches back to its rows, and it marks only the resets
+// detected before it started.
+func TestResetWhileAReplayRunsCoversWhatItAddedBefore(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond})
+	stop := runInBackground(t, r)
+	ids := b.insert(t, 20)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 20 })
+	// Dispatched ten minutes ago: before the second reset's window, which
+	// starts from the entries the replay adds.
+	_, err := b.db.Exec(ctx, `UPDATE outbox_events SET dispatched_at = dispatched_at - interval '10 minutes'`)
+	require.NoError(t, err)
+	require.NoError(t, b.rdb.FlushAll(ctx).Err()) // the first reset
+	b.waitPendingReset(t)
+	ids = append(ids, b.insert(t, 1)...) // the relay sees the new stream
+	waitFor(t, "drained again", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 1 })
+
+	opts, err := redis.ParseURL(rs.URL())
+	require.NoError(t, err)
+	replaying := redis.NewClient(opts)
+	t.Cleanup(func() { _ = replaying.Close() })
+	replaying.AddHook(&afterFirstXAdds{fn: func() {
+		require.NoError(t, b.rdb.FlushAll(ctx).Err()) // the second reset
+		waitFor(t, "the second reset recorded", func() bool { return b.pendingResets(t).Count == 2 })
+	}})
+	res, err := Replay(ctx, b.table, b.db, replaying, ReplayOptions{Stream: b.stream, Since: time.Now().Add(-time.Hour),
+		Until: time.Now(), BatchSize: 5})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.ResetsReplayed, "the first reset, not the one found while the replay ran")
+
+	p := b.pendingResets(t)
+	require.Equal(t, int64(1), p.Count)
+	b.requireWindowFromFirstDispatch(t, p)
+	require.Equal(t, int64(1), b.replayRecorded(t, p).ResetsReplayed)
+	require.NoError(t, stop())
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
+
+// TestResetFoundAtShutdownWhoseRecordFailsIsFoundAgain: the last look at
+// shutdown finds the stream gone, and recording the reset fails (the
+// stream-resets table locked past the lock timeout: an ALTER, a VACUUM
+// FULL). Saving the stream's state, a table of its own, then forgot the
+// stream (seen gone), so the next relay found neither a state nor a reset:
+// nothing recorded to replay (a review's reproduction). The state is not
+// saved while a reset waits for its record, and the next relay finds the
+// reset again.
+func TestResetFoundAtShutdownWhoseRecordFailsIsFoundAgain(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	looking := Config{BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond}
+	stop := runInBackground(t, b.newRelay(t, looking))
+	b.insert(t, 20)
+	waitFor(t, "the stream's state saved", func() bool {
+		s, ok, err := b.table.ReadStreamState(ctx, b.db, b.stream)
+		return err == nil && ok && s.EntriesAdded >= 20
+	})
+	require.NoError(t, stop())
+	// A relay that looks only at its start and its end: it restores the
+	// state, and its last look finds the reset.
+	stop = runInBackground(t, b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: time.Hour}))
+	time.Sleep(200 * time.Millisecond) // its first look, at the stream still there
+
+	tx := b.beginLong(t)
+	// SHARE blocks the record's INSERT and, unlike ACCESS EXCLUSIVE, takes
+	// no transaction id: the tests that wait for the server's transactions
+	// to end do not wait for this one.
+	_, err := tx.Exec(ctx, "LOCK TABLE "+b.table.StreamResetsTable()+" IN SHARE MODE")
+	require.NoError(t, err)
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	require.NoError(t, stop()) // its last look finds the reset; the record waits past the lock timeout
+	require.NoError(t, tx.Rollback(ctx))
+	require.Zero(t, b.pendingResets(t).Count, "the record failed")
+	_, ok, err := b.table.ReadStreamState(ctx, b.db, b.stream)
+	require.NoError(t, err)
+	require.True(t, ok, "the stream's state is kept while its reset is not recorded")
+
+	stop = runInBackground(t, b.newRelay(t, looking))
+	b.insert(t, 1)
+	waitFor(t, "the reset found again and recorded", func() bool { return b.pendingResets(t).Count == 1 })
+	require.NoError(t, stop())
 }
