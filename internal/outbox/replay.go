@@ -164,12 +164,11 @@ func (t *Table) RecordStreamReset(ctx context.Context, q Querier, r StreamReset,
 }
 
 // RecordReplay records that a replay of the rows of window [since, until)
-// of stream adds their events again from now on, as a reset already
-// replayed, and returns the record's id (0 when there is no table): a reset
-// found later whose window began before the replay's last entries reaches
-// back to since (RecordStreamReset). The replay renews the record as it
-// goes on (ReplayGoesOn). A missing table means nothing to record: no
-// relay could record a reset in it either.
+// of stream begins, as a reset already replayed, and returns the record's
+// id (0 when there is no table): a reset found later, or while the replay
+// runs, whose window began before the replay's end reaches back to since
+// (RecordStreamReset). ReplayEnded ends the record. A missing table means
+// nothing to record: no relay could record a reset in it either.
 func (t *Table) RecordReplay(ctx context.Context, q Querier, stream string, since, until time.Time, what string) (int64, error) {
 	var id int64
 	err := q.QueryRow(ctx, t.resets(recordReplaySQL), stream, since, until, what).Scan(&id)
@@ -183,10 +182,11 @@ func (t *Table) RecordReplay(ctx context.Context, q Querier, stream string, sinc
 	return id, nil
 }
 
-// ReplayGoesOn records that replay id (RecordReplay) adds entries now.
-func (t *Table) ReplayGoesOn(ctx context.Context, q Querier, id int64) error {
-	if _, err := q.Exec(ctx, t.resets(replayGoesOnSQL), id); err != nil {
-		return fmt.Errorf("recording a replay's progress in %s: %w", t.StreamResetsTable(), err)
+// ReplayEnded records that replay id (RecordReplay) ended now, having
+// added entries or not (then it is forgotten).
+func (t *Table) ReplayEnded(ctx context.Context, q Querier, id int64, added bool) error {
+	if _, err := q.Exec(ctx, t.resets(replayEndedSQL), id, added); err != nil {
+		return fmt.Errorf("recording the end of a replay in %s: %w", t.StreamResetsTable(), err)
 	}
 	return nil
 }

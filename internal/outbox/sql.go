@@ -374,14 +374,21 @@ WHERE stream = $1 AND groups_back_at IS NULL AND cardinality(groups) > 0 ORDER B
 	groupsBackSQL = `UPDATE %[14]s SET groups_back_at = now() WHERE id = ANY($1::bigint[]) AND groups_back_at IS NULL`
 
 	// recordReplaySQL (with %[14]s the resets table) records a replay of
-	// stream $1 over [$2, $3), adding entries now, for
-	// recordStreamResetSQL, and returns its id.
-	recordReplaySQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason, replayed_at) VALUES ($1, $2, $3, $4, now())
-RETURNING id`
+	// stream $1 over [$2, $3) that begins, for recordStreamResetSQL, and
+	// returns its id: until it ends (replayEndedSQL) its replayed_at is
+	// 'infinity', so that a reset recorded while it runs, which may have
+	// taken entries it added, reaches back to its window; one that never
+	// ends (its process killed) stays so, and widens later windows.
+	recordReplaySQL = `INSERT INTO %[14]s (stream, window_start, window_end, reason, replayed_at)
+VALUES ($1, $2, $3, $4, 'infinity') RETURNING id`
 
-	// replayGoesOnSQL (with %[14]s the resets table) records that replay $1
-	// (recordReplaySQL) adds entries now.
-	replayGoesOnSQL = `UPDATE %[14]s SET replayed_at = now() WHERE id = $1`
+	// replayEndedSQL (with %[14]s the resets table) records that replay $1
+	// (recordReplaySQL) ended now, and forgets it when it added nothing
+	// ($2 false).
+	replayEndedSQL = `WITH ended AS (
+	UPDATE %[14]s SET replayed_at = now() WHERE id = $1 AND $2::boolean
+)
+DELETE FROM %[14]s WHERE id = $1 AND NOT $2::boolean`
 
 	// pendingStreamResetsSQL (with %[14]s the resets table) sums up the
 	// resets of stream $1 that no replay has covered yet: how many, the

@@ -90,14 +90,14 @@ type ReplayResult struct {
 // before the next is sent: at least once, so consumers see duplicates of
 // what they already had, and dedupe them on event_id. The rows stay as
 // they are. The replay is recorded in the stream-resets table before its
-// first page and renewed before each (so that a reset found later, even
+// first page, and its end when it ends (so that a reset found later, or
 // while it runs, covers the rows it added again, Table.RecordReplay), and
 // when every page went out, the recorded stream resets of the stream whose
 // window lies within [Since, Until], detected before the replay started,
 // are marked replayed. On an error, what was republished so far is in the
 // result; running the same replay again is safe.
-func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis.UniversalClient, o ReplayOptions) (ReplayResult, error) {
-	var res ReplayResult
+func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis.UniversalClient,
+	o ReplayOptions) (res ReplayResult, retErr error) {
 	if o.Stream == "" {
 		return res, errors.New("replay: a stream is required")
 	}
@@ -127,28 +127,29 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 		}
 	}
 	// Resets detected from now on are not marked by this replay: one may
-	// have lost entries it added before (its window reaches back to this
-	// replay's by the record below).
+	// have lost entries it added (its window reaches back to this replay's
+	// by the record made here, before the first page).
 	started, err := outbox.Now(ctx, db)
 	if err != nil {
 		return res, fmt.Errorf("replaying %s: %w", o.Stream, err)
 	}
-	var record int64 // the replay's record, made before its first page
-	what := "replayed: the rows of this window by " + by
+	record, err := table.RecordReplay(ctx, db, o.Stream, o.Since, o.Until, "replayed: the rows of this window by "+by)
+	if err != nil {
+		return res, err
+	}
+	if record != 0 {
+		defer func() {
+			// Not cut short by a cancelled replay: the record's end is
+			// what keeps later windows as narrow as they need be.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if err := table.ReplayEnded(ctx, db, record, res.Republished > 0); err != nil && retErr == nil {
+				retErr = err
+			}
+		}()
+	}
 	var skippedIDs []string
 	err = read(ctx, db, o.Since, o.Until, page, func(events []outbox.Event) error {
-		// Recorded, or renewed, before each page: a reset found while the
-		// replay runs may take entries it added, whose rows' dispatch lies
-		// before the reset's window, which reaches back to this one's.
-		var err error
-		if record == 0 {
-			record, err = table.RecordReplay(ctx, db, o.Stream, o.Since, o.Until, what)
-		} else {
-			err = table.ReplayGoesOn(ctx, db, record)
-		}
-		if err != nil {
-			return err
-		}
 		n, skipped, err := r.replayPage(ctx, rdb, events, &skippedIDs)
 		res.Republished += n
 		res.Skipped += skipped
@@ -185,11 +186,6 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 		res.Incomplete = fmt.Sprintf("no row %s before %s is left in %s: cleanup may have deleted rows of the window "+
 			"already (it deletes the rows past its retention), whose events could not be republished",
 			strings.TrimSuffix(by, "_at"), o.Since.UTC().Format(time.RFC3339), table)
-	}
-	if record != 0 {
-		if err := table.ReplayGoesOn(ctx, db, record); err != nil {
-			return res, err
-		}
 	}
 	if unparked != nil {
 		return res, fmt.Errorf("replaying %s: %w", o.Stream, unparked)

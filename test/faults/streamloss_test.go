@@ -318,6 +318,64 @@ func TestResetFoundByABatchSurvivesAKill(t *testing.T) {
 	})
 }
 
+// TestResetWhoseRecordFailsIsFoundAgain: FLUSHALL mid-drain while the
+// stream-resets table is locked past the relay's --lock-timeout (an ALTER,
+// a VACUUM FULL), so the relay finds the reset and cannot record it; it is
+// stopped (SIGTERM: a rollout) with the table still locked, and another
+// relay drains the rest. The relay's save of the stream's state forgot the
+// stream (seen gone) while the reset waited for its record, so the next
+// relay found no reset: nothing recorded to replay, the events lost. The
+// state is now kept until the reset is recorded: the next relay finds the
+// reset again, and `relay replay --pending` leaves nothing lost.
+func TestResetWhoseRecordFailsIsFoundAgain(t *testing.T) {
+	t.Parallel()
+	events := sized(3000, 30000)
+	oc := startOutboxCase(t)
+	pg, rs, env, stream, conn, rdb := oc.pg, oc.rs, oc.env, oc.stream, oc.conn, oc.rdb
+	args := []string{"--stream", stream, "--batch-size", "100", "--stream-check-interval", "200ms"}
+	relay := startRelay(t, "A", env, args...)
+	prod := startProducers(t, producerConfig{
+		dsn: pg.DSN(), conns: 2, events: events, rate: sized(1500.0, 3000.0), insert: insertInto("outbox_events"),
+	})
+	eventually(t, time.Minute, "a third published", func() error {
+		if p := relay.published(); p < float64(events/3) {
+			return fmt.Errorf("%v published", p)
+		}
+		return nil
+	})
+	locker := connect(t, pg.DSN())
+	mustExec(t, locker, "BEGIN")
+	mustExec(t, locker, "LOCK TABLE outbox_events_stream_resets IN SHARE MODE") // blocks the record's INSERT
+	require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
+	detected := eventually(t, time.Minute, "the reset reported", func() error {
+		if relay.metric("outbox_relay_stream_resets_total") < 1 {
+			return fmt.Errorf("no reset counted")
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // a record or two refused meanwhile
+	relay.stop(t, time.Minute)
+	mustExec(t, locker, "ROLLBACK")
+	require.Contains(t, relay.out.String(), "Could not record a stream reset", "the record failed")
+
+	relay = startRelay(t, "B", env, args...)
+	eventually(t, time.Minute, "the reset found again and recorded", func() error {
+		var n int
+		if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM outbox_events_stream_resets
+			WHERE replayed_at IS NULL`).Scan(&n); err != nil || n == 0 {
+			return fmt.Errorf("%d resets recorded (%v)", n, err)
+		}
+		return nil
+	})
+	prod.wait(t)
+	waitDrained(t, conn, "outbox_events", 5*time.Minute)
+	relay.stop(t, time.Minute)
+	before := checkStream(t, rdb, stream, prod.committed())
+	require.Positive(t, before.Lost, "the fault lost no entry: the case tests nothing")
+	rep := replayResets(t, env, []string{"replay", "--stream", stream, "--pending", "--output", "json"})
+	requireNothingLostAfterReplay(t, rdb, stream, prod.committed(), before, rep, detected)
+}
+
 // TestStreamMadeAgainByANewRelay: relay A publishes a fifth of the events
 // and is frozen (SIGSTOP); Redis, without persistence, is killed and
 // restarted empty; relay B, started then, finds no stream (no reset for a
