@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,6 +128,52 @@ func claiming(ctx context.Context, conn *pgx.Conn, pids []int) (int, error) {
 	err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 WHERE pid = ANY($1) AND backend_xid IS NOT NULL`, pids).Scan(&n)
 	return n, err
+}
+
+// waitHoldingClaim polls, without pause (a claim lasts milliseconds), until
+// a session of one of the relays holds a claim, and returns the relays'
+// backend pids. The pids are found again every 200 polls, so a session a
+// relay opened after the first look is watched too. On timeout it fails with
+// what each of their sessions was doing (all idle: nothing left to claim).
+func waitHoldingClaim(t testing.TB, conn *pgx.Conn, dsn string, timeout time.Duration, relays ...*relayProc) []int {
+	t.Helper()
+	var backends []int
+	names := make([]string, 0, len(relays))
+	for _, r := range relays {
+		names = append(names, r.name)
+	}
+	polls := 0
+	eventuallyEvery(t, 0, timeout, "relay "+strings.Join(names, " or ")+" holding a claim", func() error {
+		if polls%200 == 0 {
+			backends = backends[:0]
+			for _, r := range relays {
+				backends = append(backends, relayBackends(t, conn, r, dsn)...)
+			}
+		}
+		polls++
+		n, err := claiming(t.Context(), conn, backends)
+		if err == nil && n == 0 {
+			err = fmt.Errorf("no claim held after %d polls, their sessions: %s", polls, sessions(t.Context(), conn, backends))
+		}
+		return err
+	})
+	return backends
+}
+
+// sessions describes what the backends are doing, from pg_stat_activity,
+// for a failure message.
+func sessions(ctx context.Context, conn *pgx.Conn, pids []int) string {
+	rows, err := conn.Query(ctx, `SELECT format('pid %s %s xid=%s wait=%s/%s xact_start=%s: %s',
+	pid, state, backend_xid, wait_event_type, wait_event, xact_start, left(query, 80))
+FROM pg_stat_activity WHERE pid = ANY($1) ORDER BY pid`, pids)
+	if err != nil {
+		return err.Error()
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%v", lines)
 }
 
 // serverNow is the server's clock_timestamp(), to compare with xact_start.

@@ -52,14 +52,7 @@ RETURNING id::text, created_at`, rows)
 		}
 		return nil
 	})
-	backends := relayBackends(t, conn, a, pg.DSN())
-	eventuallyEvery(t, 0, time.Minute, "relay A holding a claim", func() error {
-		n, err := claiming(t.Context(), conn, backends)
-		if err == nil && n == 0 {
-			err = fmt.Errorf("no claim held")
-		}
-		return err
-	})
+	backends := waitHoldingClaim(t, conn, pg.DSN(), time.Minute, a)
 	killedAt := serverNow(t, conn)
 	a.kill(t)
 	lock := waitReleased(t, conn, backends, killedAt, time.Minute)

@@ -5,6 +5,7 @@ package faults
 import (
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,14 +39,18 @@ func testKills(t *testing.T, mode cleanupMode) {
 
 	relays := [2]*relayProc{startRelay(t, "A", env, args...), startRelay(t, "B", env, args...)}
 	start := time.Now()
+	var killing atomic.Bool
+	killing.Store(true)
 	prod := startProducers(t, producerConfig{
 		dsn: pg.DSN(), conns: 4, events: events, rate: rate, insert: insertInto("outbox_events"),
+		more: killing.Load,
 	})
 
 	// The kills are spread over the first 80% of the time the producers
-	// write; each waits
-	// until its victim has published since it (re)started and holds a
-	// claim, so that it dies with batches in flight.
+	// write; each waits until its victim has published since it
+	// (re)started and holds a claim, so that it dies with batches in
+	// flight. Restarts take longer on a loaded machine: the producers write
+	// on until the last kill, else a late victim has nothing to claim.
 	every := time.Duration(0.8 * float64(events) / rate / float64(kills) * float64(time.Second))
 	var worstLock time.Duration
 	for i := range kills {
@@ -57,25 +62,13 @@ func testKills(t *testing.T, mode cleanupMode) {
 			}
 			return nil
 		})
-		// A claim lasts milliseconds: poll without pause.
-		var backends []int
-		polls := 0
-		eventuallyEvery(t, 0, time.Minute, "relay "+victim.name+" holding a claim", func() error {
-			if polls%200 == 0 {
-				backends = relayBackends(t, conn, victim, pg.DSN())
-			}
-			polls++
-			n, err := claiming(t.Context(), conn, backends)
-			if err == nil && n == 0 {
-				err = fmt.Errorf("no claim held")
-			}
-			return err
-		})
+		backends := waitHoldingClaim(t, conn, pg.DSN(), time.Minute, victim)
 		killedAt := serverNow(t, conn)
 		victim.kill(t)
 		worstLock = max(worstLock, waitReleased(t, conn, backends, killedAt, time.Minute))
 		relays[i%2] = startRelay(t, fmt.Sprintf("%s%d", victim.name[:1], i+1), env, args...)
 	}
+	killing.Store(false)
 	prod.wait(t)
 	produced := time.Now()
 	waitDrained(t, conn, "outbox_events", 5*time.Minute)
@@ -86,11 +79,11 @@ func testKills(t *testing.T, mode cleanupMode) {
 
 	requireNothingLocked(t, conn, "outbox_events")
 	require.Zero(t, backlog(t, env, "outbox_events").Count, "relay backlog")
-	requireOutboxAfterDrain(t, conn, "outbox_events", mode, events)
+	requireOutboxAfterDrain(t, conn, "outbox_events", mode, prod.committedCount())
 	r := checkStream(t, redisClient(t, rs.URL()), stream, prod.committed())
 	bound := kills * batchSize * inFlight
 	figures(t, r, kills, fmt.Sprintf("duplicate_bound=%d worst_lock=%s drain=%s", bound, ms(worstLock), ms(drain)))
-	require.Equal(t, events, r.Committed)
+	require.GreaterOrEqual(t, r.Committed, events)
 	require.Zero(t, r.Lost, "lost events, e.g. %v", r.LostIDs)
 	require.Zero(t, r.Unexpected, "stream entries no producer committed")
 	require.LessOrEqual(t, r.Duplicates, bound, "duplicates beyond batch size x in-flight per kill")

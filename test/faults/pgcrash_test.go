@@ -51,14 +51,7 @@ func testPostgresCrash(t *testing.T, mode cleanupMode) {
 		}
 		return nil
 	})
-	backends := append(relayBackends(t, conn, relays[0], pg.DSN()), relayBackends(t, conn, relays[1], pg.DSN())...)
-	eventuallyEvery(t, 0, time.Minute, "a relay holding a claim", func() error {
-		n, err := claiming(t.Context(), conn, backends)
-		if err == nil && n == 0 {
-			err = fmt.Errorf("no claim held")
-		}
-		return err
-	})
+	waitHoldingClaim(t, conn, pg.DSN(), time.Minute, relays...)
 	pg.Crash(t)
 	// A batch claimed before the crash may still be published after it:
 	// its commit fails. No claim succeeds while the server is down.

@@ -44,6 +44,10 @@ type producerConfig struct {
 	// session, when set, is a statement run once on connection i before it
 	// writes (e.g. a SET TimeZone of that producer).
 	session func(conn int) string
+	// more, when set, keeps the producers writing past events, at the same
+	// rate, while it returns true: for a case whose faults must land while
+	// rows still arrive, however long the harness takes to make them.
+	more func() bool
 }
 
 // producers write outbox rows from several connections, 1 to 20 rows a
@@ -58,8 +62,8 @@ type producers struct {
 	wg       sync.WaitGroup
 }
 
-// startProducers starts the producers; they stop after cfg.events rows or
-// at the test's end.
+// startProducers starts the producers; they stop after cfg.events rows
+// (and once cfg.more says so) or at the test's end.
 func startProducers(t testing.TB, cfg producerConfig) *producers {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -93,7 +97,7 @@ func startProducers(t testing.TB, cfg producerConfig) *producers {
 			for {
 				n := int64(1 + rng.IntN(maxRows))
 				end := p.reserved.Add(n)
-				if over := end - int64(cfg.events); over > 0 {
+				if over := end - int64(cfg.events); over > 0 && (cfg.more == nil || !cfg.more()) {
 					n -= over
 					if n <= 0 {
 						return
