@@ -275,19 +275,27 @@ func (r *Relay) checkStream(ctx context.Context) {
 	r.observeLocked(c, "", 0)
 }
 
-// checkGroups reads how far every consumer group has read and acknowledged
-// (the watch loop, after checkStream): where the window of a reset found
-// later begins, and which groups that reset takes. A stream without groups
-// has nothing known to be consumed.
-func (r *Relay) checkGroups(ctx context.Context) {
-	if bound, names, err := groupsBound(ctx, r.rdb, r.cfg.Stream, r.cfg.PublishTimeout); err == nil {
-		r.stream.setGroups(bound, names)
+// lookAtStream is the watch loop's look: how far every consumer group has
+// read and acknowledged (where the window of a reset found later begins,
+// and which groups that reset takes), then the stream itself (checkStream).
+// Two commands, so Redis may lose the stream between them: the groups
+// read could be those of a new stream, already past the entries the old
+// one lost, and a window begun at them would leave those out. So the
+// groups are read first and kept only if no reset was found since, by this
+// look at the stream or a batch's.
+func (r *Relay) lookAtStream(ctx context.Context) {
+	seen := r.stream.seen()
+	bound, names, err := groupsBound(ctx, r.rdb, r.cfg.Stream, r.cfg.PublishTimeout)
+	r.checkStream(ctx)
+	if err == nil {
+		r.stream.setGroups(seen, bound, names)
 	}
 }
 
 // setGroups records the position below which every consumer group has
 // read and acknowledged (a stream id; "" for none), and the groups' names,
-// from the watch loop. It is the latest reading, not the highest: a group
+// from the watch loop, unless a reset was found since they were read (seen:
+// the count of resets then): they may be of the new stream. It is the latest reading, not the highest: a group
 // created since at an earlier id, or moved back (XGROUP SETID), has not
 // consumed what the others had, and a reset's window must reach back to
 // what it still needs. No group at all leaves the names known as they
@@ -295,13 +303,23 @@ func (r *Relay) checkGroups(ctx context.Context) {
 // the reset must record the groups it took (a stream whose groups were all
 // destroyed on purpose keeps them until a reset records them; the release
 // is in docs/relay.md).
-func (g *streamGuard) setGroups(bound string, names []string) {
+func (g *streamGuard) setGroups(seen int, bound string, names []string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.resetsSeen != seen {
+		return
+	}
 	g.consumedMs = idMs(bound)
 	if len(names) > 0 {
 		g.groups = names
 	}
+}
+
+// seen is the count of resets found so far.
+func (g *streamGuard) seen() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.resetsSeen
 }
 
 // restore takes in what the relays last saw of the stream (recorded in
@@ -429,8 +447,7 @@ func (r *Relay) watchStream(ctx context.Context, saved outbox.StreamState) {
 		now := time.Now()
 		if now.Sub(lastCheck) >= r.cfg.StreamCheckInterval {
 			lastCheck = now
-			r.checkStream(ctx)
-			r.checkGroups(ctx)
+			r.lookAtStream(ctx)
 		}
 		if r.cfg.Trim.enabled() && now.Sub(lastTrim) >= r.cfg.Trim.Interval {
 			lastTrim = now

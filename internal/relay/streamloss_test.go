@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -540,6 +541,21 @@ func (b *testBundle) waitPendingReset(t *testing.T) outbox.PendingResets {
 	return p
 }
 
+// oldEntry adds an event published ago, its row dispatched then and its
+// entry (with an id of then) still in the stream, and returns its id and
+// when.
+func (b *testBundle) oldEntry(t *testing.T, ago time.Duration) (string, time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	at := time.Now().Add(-ago).Truncate(time.Millisecond)
+	var id string
+	require.NoError(t, b.db.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload, created_at, dispatched_at)
+		VALUES ('old', '{}', $1, $1) RETURNING id::text`, at).Scan(&id))
+	require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, ID: strconv.FormatInt(at.UnixMilli(), 10) + "-0",
+		Values: []string{FieldEventID, id, FieldEventType, "old", FieldPayload, "{}"}}).Err())
+	return id, at
+}
+
 // pendingResets reads the bundle's stream resets not replayed yet.
 func (b *testBundle) pendingResets(t *testing.T) outbox.PendingResets {
 	t.Helper()
@@ -563,44 +579,60 @@ func (b *testBundle) waitResetsReplayed(t *testing.T) {
 // entry, and a replay of it gives that group every event it lost.
 func TestStreamResetWindowCoversAGroupThatStartsOver(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b, r, old, ids := oldStreamDrained(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
-	// An event published ten minutes ago, its entry still in the stream.
-	old := time.Now().Add(-10 * time.Minute).Truncate(time.Millisecond)
-	var oldID string
-	require.NoError(t, b.db.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload, created_at, dispatched_at)
-		VALUES ('old', '{}', $1, $1) RETURNING id::text`, old).Scan(&oldID))
-	require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, ID: strconv.FormatInt(old.UnixMilli(), 10) + "-0",
-		Values: []string{FieldEventID, oldID, FieldEventType, "old", FieldPayload, "{}"}}).Err())
-	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
-	ids := b.insert(t, 20)
-	b.drain(t, r)
-
 	// Group g1 reads and acknowledges everything, and the watch sees it.
-	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "g1", "0").Err())
-	read, err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g1", Consumer: "c", Streams: []string{b.stream, ">"}}).Result()
-	require.NoError(t, err)
-	for _, m := range read[0].Messages {
-		require.NoError(t, b.rdb.XAck(ctx, b.stream, "g1", m.ID).Err())
-	}
-	r.checkStream(ctx)
-	r.checkGroups(ctx)
+	b.ackAll(t, "g1", "0")
+	r.lookAtStream(ctx)
 	// Then group g2 starts from the beginning; the next look sees it.
 	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "g2", "0").Err())
-	r.checkStream(ctx)
-	r.checkGroups(ctx)
+	r.lookAtStream(ctx)
 
 	require.NoError(t, b.rdb.FlushAll(ctx).Err())
 	r.checkStream(ctx)
+	b.requireResetReplayedFrom(t, r, old, ids)
+}
+
+// oldStreamDrained sets up a bundle with a stream-resets table, an event
+// published ten minutes ago (oldEntry) and 20 more a relay drained; it
+// returns the relay, when the old event was published and every event's id.
+func oldStreamDrained(t *testing.T) (*testBundle, *Relay, time.Time, []string) {
+	t.Helper()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	require.NoError(t, b.table.EnsureStreamResetsTable(context.Background(), b.db))
+	oldID, old := b.oldEntry(t, 10*time.Minute)
+	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
+	ids := b.insert(t, 20)
+	b.drain(t, r)
+	return b, r, old, append([]string{oldID}, ids...)
+}
+
+// ackAll creates consumer group (at start, making the stream if missing)
+// and has it read and acknowledge every entry after start.
+func (b *testBundle) ackAll(t *testing.T, group, start string) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, b.rdb.XGroupCreateMkStream(ctx, b.stream, group, start).Err())
+	read, err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c", Streams: []string{b.stream, ">"}}).Result()
+	require.NoError(t, err)
+	for _, m := range read[0].Messages {
+		require.NoError(t, b.rdb.XAck(ctx, b.stream, group, m.ID).Err())
+	}
+}
+
+// requireResetReplayedFrom requires that r found one reset, records it,
+// and that its window reaches back to from; a replay of it then puts every
+// event of ids in the stream.
+func (b *testBundle) requireResetReplayedFrom(t *testing.T, r *Relay, from time.Time, ids []string) {
+	t.Helper()
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
-	r.recordResets(ctx, true)
+	r.recordResets(context.Background(), true)
 	p := b.pendingResets(t)
 	require.Equal(t, int64(1), p.Count)
-	require.False(t, p.WindowStart.After(old), "the window %s reaches back to the first entry g2 had not read, %s", p.WindowStart, old)
+	require.False(t, p.WindowStart.After(from), "the window %s reaches back to %s, the first entry not consumed", p.WindowStart, from)
 	b.replayRecorded(t, p)
-	requireAtLeastOnce(t, b.readStream(t, b.stream), append([]string{oldID}, ids...))
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
 }
 
 // TestStreamResetWhileNoRelayRanIsFound: the relays publish and stop (the
@@ -951,6 +983,56 @@ func TestResetWindowCoversIDsAheadOfTheClock(t *testing.T) {
 func TestResetWhileNoRelayRanCoversIDsAheadOfTheClock(t *testing.T) {
 	t.Parallel()
 	resetWhileNoRelayRan(t, 10*time.Minute)
+}
+
+// TestResetAmidALookKeepsItsWindow: the watch reads the consumer groups'
+// positions and looks at the stream, in two commands. Redis loses the
+// stream between them, and a group of the new stream has already read its
+// first entry. The watch looked at the stream first, then read the groups:
+// those of the new stream, so the window of the reset, found at the next
+// look, began at that group's position, after every event the old stream
+// lost (ten minutes before). It reads the groups first now, and keeps them
+// only when the look at the stream after finds no reset.
+func TestResetAmidALookKeepsItsWindow(t *testing.T) {
+	t.Parallel()
+	b, r, old, ids := oldStreamDrained(t)
+	ctx := context.Background()
+	r.lookAtStream(ctx) // a good look: nothing consumed
+
+	r.rdb.AddHook(&beforeFirst{cmd: "xinfo groups", fn: func() {
+		require.NoError(t, b.rdb.FlushAll(ctx).Err())
+		require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream,
+			Values: []string{FieldEventID, "new", FieldEventType, "new", FieldPayload, "{}"}}).Err())
+		b.ackAll(t, "g1", "0")
+	}})
+	r.lookAtStream(ctx) // Redis loses the stream amid this look
+	r.lookAtStream(ctx)
+	b.requireResetReplayedFrom(t, r, old, ids)
+}
+
+// beforeFirst is a go-redis hook that runs fn once, right before the first
+// command its client sends whose first words are cmd ("xinfo groups").
+type beforeFirst struct {
+	cmd  string
+	once sync.Once
+	fn   func()
+}
+
+func (h *beforeFirst) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *beforeFirst) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error {
+		words := strings.Fields(h.cmd)
+		if len(c.Args()) >= len(words) && slices.EqualFunc(words, c.Args()[:len(words)], func(w string, a any) bool {
+			s, ok := a.(string)
+			return ok && strings.EqualFold(w, s)
+		}) {
+			h.once.Do(h.fn)
+		}
+		return next(ctx, c)
+	}
+}
+func (h *beforeFirst) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // afterFirstXAdds is a go-redis hook that runs fn once, right after the

@@ -167,11 +167,10 @@ func TestTrimWaitsForEveryGroupAResetTook(t *testing.T) {
 	for _, g := range []string{"workers", "audit"} {
 		require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, g, "$").Err())
 	}
-	r.checkStream(ctx)
-	r.checkGroups(ctx)
+	r.lookAtStream(ctx)
 
 	require.NoError(t, b.rdb.FlushAll(ctx).Err())
-	r.checkGroups(ctx) // a look at the groups before the reset is noticed
+	r.lookAtStream(ctx) // no groups left to read, and the reset found
 	after := b.insert(t, 20)
 	b.drain(t, r)
 	require.Equal(t, 1.0, testutilCounter(r.cfg.Metrics.stream.Resets))
