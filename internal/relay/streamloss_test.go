@@ -582,7 +582,7 @@ func TestStreamResetWindowCoversAGroupThatStartsOver(t *testing.T) {
 	b, r, old, ids := oldStreamDrained(t)
 	ctx := context.Background()
 	// Group g1 reads and acknowledges everything, and the watch sees it.
-	b.ackAll(t, "g1", "0")
+	b.ackAll(t, "g1")
 	r.lookAtStream(ctx)
 	// Then group g2 starts from the beginning; the next look sees it.
 	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "g2", "0").Err())
@@ -608,12 +608,12 @@ func oldStreamDrained(t *testing.T) (*testBundle, *Relay, time.Time, []string) {
 	return b, r, old, append([]string{oldID}, ids...)
 }
 
-// ackAll creates consumer group (at start, making the stream if missing)
-// and has it read and acknowledge every entry after start.
-func (b *testBundle) ackAll(t *testing.T, group, start string) {
+// ackAll creates consumer group at 0 (making the stream if missing) and
+// has it read and acknowledge every entry.
+func (b *testBundle) ackAll(t *testing.T, group string) {
 	t.Helper()
 	ctx := context.Background()
-	require.NoError(t, b.rdb.XGroupCreateMkStream(ctx, b.stream, group, start).Err())
+	require.NoError(t, b.rdb.XGroupCreateMkStream(ctx, b.stream, group, "0").Err())
 	read, err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c", Streams: []string{b.stream, ">"}}).Result()
 	require.NoError(t, err)
 	for _, m := range read[0].Messages {
@@ -999,11 +999,11 @@ func TestResetAmidALookKeepsItsWindow(t *testing.T) {
 	ctx := context.Background()
 	r.lookAtStream(ctx) // a good look: nothing consumed
 
-	r.rdb.AddHook(&beforeFirst{cmd: "xinfo groups", fn: func() {
+	r.rdb.AddHook(&beforeFirst{cmds: []string{"xinfo groups"}, fn: func() {
 		require.NoError(t, b.rdb.FlushAll(ctx).Err())
 		require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream,
 			Values: []string{FieldEventID, "new", FieldEventType, "new", FieldPayload, "{}"}}).Err())
-		b.ackAll(t, "g1", "0")
+		b.ackAll(t, "g1")
 	}})
 	r.lookAtStream(ctx) // Redis loses the stream amid this look
 	r.lookAtStream(ctx)
@@ -1011,9 +1011,10 @@ func TestResetAmidALookKeepsItsWindow(t *testing.T) {
 }
 
 // beforeFirst is a go-redis hook that runs fn once, right before the first
-// command its client sends whose first words are cmd ("xinfo groups").
+// command its client sends whose first words are one of cmds ("xinfo
+// groups").
 type beforeFirst struct {
-	cmd  string
+	cmds []string
 	once sync.Once
 	fn   func()
 }
@@ -1021,11 +1022,7 @@ type beforeFirst struct {
 func (h *beforeFirst) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *beforeFirst) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, c redis.Cmder) error {
-		words := strings.Fields(h.cmd)
-		if len(c.Args()) >= len(words) && slices.EqualFunc(words, c.Args()[:len(words)], func(w string, a any) bool {
-			s, ok := a.(string)
-			return ok && strings.EqualFold(w, s)
-		}) {
+		if slices.ContainsFunc(h.cmds, func(cmd string) bool { return startsWith(c, cmd) }) {
 			h.once.Do(h.fn)
 		}
 		return next(ctx, c)
@@ -1033,6 +1030,15 @@ func (h *beforeFirst) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (h *beforeFirst) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// startsWith reports whether the command's first words are cmd's.
+func startsWith(c redis.Cmder, cmd string) bool {
+	words := strings.Fields(cmd)
+	return len(c.Args()) >= len(words) && slices.EqualFunc(words, c.Args()[:len(words)], func(w string, a any) bool {
+		s, ok := a.(string)
+		return ok && strings.EqualFold(w, s)
+	})
 }
 
 // afterFirstXAdds is a go-redis hook that runs fn once, right after the

@@ -155,16 +155,16 @@ func (r *Relay) awaitedGroups(ctx context.Context) ([]string, []int64, error) {
 }
 
 // Trim removes the entries of stream that the policy allows and every
-// consumer group is done with: it computes the policy's bound (an id), the
-// groups' bound (the lowest of each group's last-delivered-id and oldest
-// pending entry, from XINFO GROUPS and XPENDING), and runs XTRIM MINID with
-// the lower of the two. It returns the entries removed and the bound.
+// consumer group is done with: it computes the policy's bound (an id), and
+// one script (trimScript) computes the groups' bound (the lowest of each
+// group's last-delivered-id and oldest pending entry) and runs XTRIM MINID
+// with the lower of the two. It returns the entries removed and the bound.
 //
 // A stream without groups is not trimmed: ErrNoConsumerGroup; nor one
-// that lacks a group of awaited: GroupsAwaitedError. A group
-// created between the reading of the groups and the XTRIM, at an id below
-// the bound, can miss entries; a group created later at "$" or at the
-// stream's end never can.
+// that lacks a group of awaited: GroupsAwaitedError. The groups are read
+// in the script that trims, so no group created meanwhile (at "0", say)
+// and no stream made again since the policy's bound was read (a reset: its
+// entries may have ids below that bound) can lose an entry to the trim.
 func Trim(ctx context.Context, rdb redis.UniversalClient, stream string, p TrimPolicy, timeout time.Duration,
 	awaited ...string) (int64, string, error) {
 	if !p.enabled() {
@@ -176,33 +176,76 @@ func Trim(ctx context.Context, rdb redis.UniversalClient, stream string, p TrimP
 	if err != nil || bound == "" {
 		return 0, "", err
 	}
-	groups, names, err := groupsBound(ctx, rdb, stream, timeout)
+	res, err := trimScript.Run(ctx, rdb, []string{stream}, append([]any{bound}, toAny(awaited)...)...).Slice()
 	if err != nil {
-		return 0, "", err
+		return 0, "", fmt.Errorf("trim %s to MINID %s: %w", stream, bound, err)
 	}
-	if len(names) == 0 {
+	if len(res) < 3 {
+		return 0, "", fmt.Errorf("trim %s: unexpected reply %v", stream, res)
+	}
+	n, _ := res[0].(int64)
+	bound, _ = res[1].(string)
+	switch status, _ := res[2].(string); status {
+	case "":
+		return n, bound, nil
+	case "no groups":
 		return 0, "", ErrNoConsumerGroup
-	}
-	var missing []string
-	for _, g := range awaited {
-		if !slices.Contains(names, g) {
-			missing = append(missing, g)
+	case "missing":
+		missing := make([]string, 0, len(res)-3)
+		for _, m := range res[3:] {
+			name, _ := m.(string)
+			missing = append(missing, name)
 		}
-	}
-	if len(missing) > 0 {
 		return 0, "", &GroupsAwaitedError{Missing: missing}
+	default:
+		return 0, "", fmt.Errorf("trim %s: unexpected status %q", stream, status)
 	}
-	if compareIDs(groups, bound) < 0 {
-		bound = groups
+}
+
+// trimScript trims KEYS[1] to the lower of ARGV[1] (the policy's bound)
+// and its consumer groups' bound, read in the script (as groupsBound reads
+// it). ARGV[2:] are the groups awaited. It returns {removed, bound,
+// status, missing groups...}: status "" (trimmed), "no groups" (none, or
+// no stream) or "missing" (awaited groups absent: their names follow).
+// Ids are compared as two decimal numbers, by length, then as text.
+var trimScript = redis.NewScript(`
+local function numLess(a, b) return #a < #b or (#a == #b and a < b) end
+local function idLess(a, b)
+	local am, as = string.match(a, '^(%d+)-(%d+)$')
+	local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+	return numLess(am, bm) or (am == bm and numLess(as, bs))
+end
+local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[1])
+if not ok or #groups == 0 then return {0, '', 'no groups'} end
+local bound = ARGV[1]
+local names = {}
+for _, g in ipairs(groups) do
+	local f = {}
+	for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+	names[f['name']] = true
+	local b = f['last-delivered-id']
+	if tonumber(f['pending']) > 0 then
+		local p = redis.call('XPENDING', KEYS[1], f['name'])
+		if tonumber(p[1]) > 0 and idLess(p[2], b) then b = p[2] end
+	end
+	if idLess(b, bound) then bound = b end
+end
+local missing = {0, '', 'missing'}
+for i = 2, #ARGV do
+	if not names[ARGV[i]] then missing[#missing + 1] = ARGV[i] end
+end
+if #missing > 3 then return missing end
+if bound == '0-0' then return {0, bound, ''} end
+return {redis.call('XTRIM', KEYS[1], 'MINID', bound), bound, ''}
+`)
+
+// toAny converts strings to script arguments.
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
 	}
-	if bound == "0-0" {
-		return 0, bound, nil
-	}
-	trimmed, err := rdb.XTrimMinID(ctx, stream, bound).Result()
-	if err != nil {
-		return 0, bound, fmt.Errorf("XTRIM %s MINID %s: %w", stream, bound, err)
-	}
-	return trimmed, bound, nil
+	return out
 }
 
 // policyBound is the lowest id the policy keeps, "" when it keeps all.

@@ -94,6 +94,55 @@ func TestTrimKeepsWhatGroupsNeed(t *testing.T) {
 	require.Zero(t, n)
 }
 
+// TestTrimRacingANewGroup: a group is created at "0" (a new consumer
+// reading the stream from its start) after the trim read the groups and
+// before it trimmed. The trim read the groups, then ran XTRIM with the
+// bound they gave: the new group lost 90 entries it had never been
+// delivered. The groups are read in the script that trims now.
+func TestTrimRacingANewGroup(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	addEntries(t, b.rdb, b.stream, 100)
+	b.ackAll(t, "fast")
+	b.rdb.AddHook(&beforeFirst{cmds: trimCommands, fn: func() {
+		require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "late", "0").Err())
+	}})
+	n, _, err := Trim(ctx, b.rdb, b.stream, TrimPolicy{MaxLen: 10}, time.Second)
+	require.NoError(t, err)
+	require.Zero(t, n, "entries trimmed that the group created at 0 was never delivered")
+	require.EqualValues(t, 100, b.streamLen(t))
+}
+
+// TestTrimRacingAResetKeepsTheNewStream: Redis loses the stream after the
+// trim read the policy's bound and before it trimmed; the stream's ids ran
+// ahead of the clock (an entry added with an id ten minutes ahead), so the
+// entries the relays add to the new stream, numbered from Redis's clock,
+// lie below that bound. The trim ran XTRIM with it on the new stream, which
+// has no group yet: every new entry gone before any consumer read it.
+func TestTrimRacingAResetKeepsTheNewStream(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t) // FLUSHALL: a server of its own
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	ahead := strconv.FormatInt(time.Now().Add(10*time.Minute).UnixMilli(), 10)
+	for _, seq := range []string{"-0", "-1"} {
+		require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, ID: ahead + seq, Values: []any{"n", "ahead"}}).Err())
+	}
+	b.ackAll(t, "g1")
+	b.rdb.AddHook(&beforeFirst{cmds: trimCommands, fn: func() {
+		require.NoError(t, b.rdb.FlushAll(ctx).Err())
+		addEntries(t, b.rdb, b.stream, 5)
+	}})
+	_, _, err := Trim(ctx, b.rdb, b.stream, TrimPolicy{MaxLen: 1}, time.Second)
+	require.ErrorIs(t, err, ErrNoConsumerGroup)
+	require.EqualValues(t, 5, b.streamLen(t), "entries of the new stream trimmed")
+}
+
+// trimCommands are the commands that trim: XTRIM, or the script (EVALSHA,
+// EVAL) that reads the groups and trims.
+var trimCommands = []string{"xtrim", "evalsha", "eval"}
+
 // TestTrimWithoutGroups: a stream without consumer groups is not trimmed,
 // whatever the policy: after a stream reset (the groups go with the key)
 // the replayed entries and the backlog land there before the consumers
