@@ -276,38 +276,3 @@ func policyBound(ctx context.Context, rdb redis.UniversalClient, stream string, 
 	}
 	return bound, nil
 }
-
-// groupsBound is the lowest id some consumer group of stream still needs:
-// for each group, its oldest pending entry (delivered, not acknowledged)
-// or, with none pending, its last-delivered-id (every entry after it is
-// undelivered), and the groups' names. It returns "" and none for a stream
-// without groups (or none at all).
-func groupsBound(ctx context.Context, rdb redis.UniversalClient, stream string, timeout time.Duration) (string, []string, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	groups, err := rdb.XInfoGroups(ctx, stream).Result()
-	if isNoSuchKey(err) {
-		return "", nil, nil
-	}
-	if err != nil {
-		return "", nil, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
-	}
-	bound, names := "", make([]string, 0, len(groups))
-	for _, g := range groups {
-		names = append(names, g.Name)
-		b := g.LastDeliveredID
-		if g.Pending > 0 {
-			pend, err := rdb.XPending(ctx, stream, g.Name).Result()
-			if err != nil {
-				return "", nil, fmt.Errorf("XPENDING %s %s: %w", stream, g.Name, err)
-			}
-			if pend.Count > 0 && compareIDs(pend.Lower, b) < 0 {
-				b = pend.Lower
-			}
-		}
-		if bound == "" || compareIDs(b, bound) < 0 {
-			bound = b
-		}
-	}
-	return bound, names, nil
-}
