@@ -152,9 +152,17 @@ type rawResult struct {
 // Redis: the ceiling PostgreSQL sets. Each connection claims as a relay's
 // claimer does, from its frontier (outbox.Frontier).
 func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int, d outbox.Dispatch) (float64, error) {
+	rate, _, err := e.rawClaim(ctx, n, batch, conns, d)
+	return rate, err
+}
+
+// rawClaim is rawClaimRate, and PostgreSQL's CPU ms per 1,000 rows claimed
+// (NaN: not measured), to compare with a relay run's.
+func (e *benchEnv) rawClaim(ctx context.Context, n, batch, conns int, d outbox.Dispatch) (float64, float64, error) {
 	if err := e.load(ctx, n); err != nil {
-		return 0, err
+		return 0, math.NaN(), err
 	}
+	cpuBefore, cpuOK := e.pgCPU()
 	var wg sync.WaitGroup
 	errs := make(chan error, conns)
 	start := time.Now()
@@ -184,11 +192,15 @@ func (e *benchEnv) rawClaimRate(ctx context.Context, n, batch, conns int, d outb
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpu := math.NaN()
+	if cpuAfter, ok := e.pgCPU(); ok && cpuOK {
+		cpu = float64(cpuAfter-cpuBefore) / float64(time.Millisecond) / (float64(n) / 1000)
+	}
 	close(errs)
 	if err := <-errs; err != nil {
-		return 0, fmt.Errorf("raw claim: %w", err)
+		return 0, cpu, fmt.Errorf("raw claim: %w", err)
 	}
-	return float64(n) / elapsed.Seconds(), nil
+	return float64(n) / elapsed.Seconds(), cpu, nil
 }
 
 type throughputResult struct {
@@ -199,6 +211,7 @@ type throughputResult struct {
 	raw                    float64         // raw claim rate of the same mode, the mean of before and after (drain)
 	ofRaw                  float64         // rate / raw
 	pgCPUPer1k             float64         // PostgreSQL's CPU ms per 1,000 events drained; NaN: not measured
+	rawPGCPUPer1k          float64         // PostgreSQL's CPU ms per 1,000 rows of the raw claims (their mean)
 	redisCPUPer1k          float64         // Redis's, the same way
 	relayCPUPer1k          float64         // the relay processes', from their start
 	cpuSpread              float64         // cpuSpread before and after the run, the lower; of the median: the lowest of all runs
@@ -214,13 +227,16 @@ func (t throughputResult) median() throughputResult {
 	raws := make([]float64, 0, len(runs))
 	fractions := make([]float64, 0, len(runs))
 	cpus := make([]float64, 0, len(runs))
+	rawCPUs := make([]float64, 0, len(runs))
 	redisCPUs := make([]float64, 0, len(runs))
 	relayCPUs := make([]float64, 0, len(runs))
 	for _, r := range runs {
 		m.rssMiB = max(m.rssMiB, r.rssMiB)
 		raws, fractions, cpus = append(raws, r.raw), append(fractions, r.ofRaw), append(cpus, r.pgCPUPer1k)
 		redisCPUs, relayCPUs = append(redisCPUs, r.redisCPUPer1k), append(relayCPUs, r.relayCPUPer1k)
+		rawCPUs = append(rawCPUs, r.rawPGCPUPer1k)
 	}
+	m.rawPGCPUPer1k = medianOf(rawCPUs)
 	m.raw, m.ofRaw, m.pgCPUPer1k = medianOf(raws), medianOf(fractions), medianOf(cpus)
 	m.redisCPUPer1k, m.relayCPUPer1k = medianOf(redisCPUs), medianOf(relayCPUs)
 	m.cpuSpread = math.Inf(1)
@@ -252,7 +268,7 @@ func (e *benchEnv) drains(ctx context.Context, repeat, n, batch, procs, inFlight
 // from one side only makes the fraction drift with it.
 func (e *benchEnv) drain(ctx context.Context, n, batch, procs, inFlight int, d outbox.Dispatch) (throughputResult, error) {
 	spread := e.awaitEvenCPUs(ctx)
-	before, err := e.rawClaimRate(ctx, n, batch, procs, d)
+	before, beforeCPU, err := e.rawClaim(ctx, n, batch, procs, d)
 	if err != nil {
 		return throughputResult{}, err
 	}
@@ -260,11 +276,12 @@ func (e *benchEnv) drain(ctx context.Context, n, batch, procs, inFlight int, d o
 	if err != nil {
 		return r, err
 	}
-	after, err := e.rawClaimRate(ctx, n, batch, procs, d)
+	after, afterCPU, err := e.rawClaim(ctx, n, batch, procs, d)
 	if err != nil {
 		return r, err
 	}
 	r.raw = (before + after) / 2
+	r.rawPGCPUPer1k = (beforeCPU + afterCPU) / 2
 	r.ofRaw = r.rate / r.raw
 	r.cpuSpread = math.Min(spread, cpuSpread())
 	return r, nil

@@ -194,9 +194,9 @@ func run(ctx context.Context, o options) (err error) {
 				}
 				report.throughput = append(report.throughput, res)
 				logf("relay, batch %d, %d process(es), %d in flight: %.0f events/s (%.0f%% of raw), peak RSS %.1f MiB, "+
-					"CPU ms per 1k events: PostgreSQL %.1f, Redis %.1f, relays %.1f, vCPU spread %.2f",
-					batch, procs, inFlight, res.rate, 100*res.ofRaw, res.rssMiB, res.pgCPUPer1k, res.redisCPUPer1k, res.relayCPUPer1k,
-					res.cpuSpread)
+					"CPU ms per 1k events: PostgreSQL %.1f (%.1f in the raw claim), Redis %.1f, relays %.1f, vCPU spread %.2f",
+					batch, procs, inFlight, res.rate, 100*res.ofRaw, res.rssMiB, res.pgCPUPer1k, res.rawPGCPUPer1k, res.redisCPUPer1k,
+					res.relayCPUPer1k, res.cpuSpread)
 			}
 		}
 	}
