@@ -90,9 +90,9 @@ func (r *report) printThroughput(b *strings.Builder) {
 	fmt.Fprintf(b, "Relay throughput, %d rows drained by `relay run` (median of runs; \"of raw\" compares with the raw claim rate\n"+
 		"with the same batch size, on as many connections as relay processes, measured right before and right after\n"+
 		"each run (the mean); CPU ms per 1,000 events from /proc: PostgreSQL's process tree, the Redis server, the\n"+
-		"relay processes from their start, and PostgreSQL's in the raw claim runs (the mean); vCPU spread: the slowest CPU's speed at a fixed loop as a fraction of the\n"+
-		"fastest's, measured before and after each run, the lowest of the runs; below about 0.9 the fraction of the\n"+
-		"raw rate is low for the machine, not the relay):\n\n", r.rows)
+		"relay processes from their start, and PostgreSQL's in the raw claim runs (the mean); vCPU spread: the\n"+
+		"slowest CPU's speed at a fixed loop as a fraction of the fastest's, measured before and after each run, the\n"+
+		"lowest of the runs; below about 0.9 the fraction of the raw rate is low for the machine, not the relay):\n\n", r.rows)
 	fmt.Fprintln(b, "| batch | processes | in flight | events/s | of raw claim rate | peak RSS (MiB) | "+
 		"CPU ms / 1k: PostgreSQL | Redis | relays | PostgreSQL, raw claim | vCPU spread |")
 	fmt.Fprintln(b, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
