@@ -207,6 +207,16 @@ GRANT SELECT ON bad TO doctor_limited;`)
 	}
 	require.Equal(t, OK, r["outbox.column.id"].Status)
 
+	// A created-at column that allows NULL: such a row is claimed last.
+	_, err = db.Exec(ctx, `CREATE TABLE nullable_created (LIKE outbox_events INCLUDING DEFAULTS);
+ALTER TABLE nullable_created ALTER COLUMN created_at DROP NOT NULL`)
+	require.NoError(t, err)
+	nullable := outbox.MustNew("nullable_created", outbox.Columns{})
+	r = byName(PostgresChecks(GatherPostgres(ctx, db, nullable), nullable))
+	require.Equal(t, Warn, r["outbox.column.created-at"].Status, r["outbox.column.created-at"].Message)
+	require.Contains(t, r["outbox.column.created-at"].Message, "allows NULL")
+	require.Contains(t, r["outbox.column.created-at"].Fix, "SET NOT NULL")
+
 	limited, err := pgxpool.New(ctx, withUser(t, dsn, "doctor_limited"))
 	require.NoError(t, err)
 	t.Cleanup(limited.Close)

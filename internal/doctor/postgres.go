@@ -206,17 +206,22 @@ type columnRule struct {
 	types      []string // base type names accepted; nil: any
 	want       string
 	nullable   bool // must not be NOT NULL
+	notNull    bool // should be NOT NULL: a warning otherwise
+	whyNotNull string
 }
 
 // ColumnChecks: one check per configured column: exists, usable type.
 func ColumnChecks(f PostgresFacts, c outbox.Columns) Report {
 	timestamps := []string{"timestamp", "timestamptz"}
 	rules := []columnRule{
-		{"--id-column", c.ID, nil, "any type that casts to text", false},
-		{"--event-type-column", c.EventType, []string{"text", "varchar", "bpchar"}, "text or varchar", false},
-		{"--payload-column", c.Payload, []string{"text", "varchar", "jsonb", "json"}, "text, jsonb or json", false},
-		{"--created-at-column", c.CreatedAt, timestamps, "timestamp or timestamptz", false},
-		{"--dispatched-at-column", c.DispatchedAt, timestamps, "timestamp or timestamptz, nullable", true},
+		{flag: "--id-column", name: c.ID, want: "any type that casts to text"},
+		{flag: "--event-type-column", name: c.EventType, types: []string{"text", "varchar", "bpchar"}, want: "text or varchar"},
+		{flag: "--payload-column", name: c.Payload, types: []string{"text", "varchar", "jsonb", "json"}, want: "text, jsonb or json"},
+		{flag: "--created-at-column", name: c.CreatedAt, types: timestamps, want: "timestamp or timestamptz", notNull: true,
+			whyNotNull: "a row without it sorts after every other in the claim's order, so it is claimed only once fewer " +
+				"than a batch are pending (under steady load, never), and the backlog's oldest row leaves it out"},
+		{flag: "--dispatched-at-column", name: c.DispatchedAt, types: timestamps, want: "timestamp or timestamptz, nullable",
+			nullable: true},
 	}
 	r := make(Report, 0, len(rules))
 	for _, rule := range rules {
@@ -232,6 +237,10 @@ func ColumnChecks(f PostgresFacts, c outbox.Columns) Report {
 		case rule.nullable && col.NotNull:
 			ch.Status, ch.Message = Fail, fmt.Sprintf("column %q is NOT NULL; NULL is what marks a row pending.", rule.name)
 			ch.Fix = fmt.Sprintf("ALTER TABLE ... ALTER COLUMN %q DROP NOT NULL.", rule.name)
+		case rule.notNull && !col.NotNull:
+			ch.Status, ch.Message = Warn, fmt.Sprintf("column %q allows NULL: %s.", rule.name, rule.whyNotNull)
+			ch.Fix = fmt.Sprintf("ALTER TABLE ... ALTER COLUMN %q SET DEFAULT now(), ALTER COLUMN %q SET NOT NULL "+
+				"(after giving the rows without it a value).", rule.name, rule.name)
 		default:
 			ch.Status, ch.Message = OK, fmt.Sprintf("column %q is %s.", rule.name, col.Type)
 		}
