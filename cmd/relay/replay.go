@@ -49,8 +49,9 @@ The rows are read, never changed; running the same replay twice only duplicates.
 
 Relays of --source LogicalReplication mark no row dispatched: give the same
 --source here, and the window bounds the rows' created_at instead; with --pending,
-every row created before the resets' end is republished (a row's event reaches the
-stream any time after its created_at), as far back as relay cleanup --slot kept.`,
+every row the table keeps is republished (a row's event reaches the stream any time
+after its created_at, and a created_at may lie ahead of the reset), as far back as
+relay cleanup --slot kept.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runReplay(cmd, c, &o)

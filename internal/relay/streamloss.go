@@ -568,8 +568,8 @@ func (r *Relay) recordResets(ctx context.Context, replay bool) {
 // autoReplay republishes the rows dispatched in a reset's window, at most
 // AutoReplayMaxWindow back, and marks the reset replayed. Source
 // LogicalReplication marks no row dispatched: its relay republishes every
-// row created in the AutoReplayMaxWindow before the window's end
-// (ReplayWindow), as `relay replay --source LogicalReplication` does.
+// row created since AutoReplayMaxWindow ago, however late (ReplayWindow),
+// as `relay replay --source LogicalReplication` does.
 func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	// A batch may have added its entries to the stream before it was lost
 	// and not have committed yet: the replay's read would not see its rows,
@@ -640,12 +640,14 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 // included, to the second). A relay of source LogicalReplication (created)
 // marks no row dispatched, and a row's event reaches the stream any time
 // after the row's created_at (the relay's lag, which a catch-up makes
-// hours): every row created before the window's end, with no lower bound
-// but what cleanup (`relay cleanup --slot`, by its retention) has kept.
+// hours), while a created_at may also lie ahead of the reset (a producer's
+// clock ahead, a time the application set; streamed all the same): every
+// row, with no bound but what cleanup (`relay cleanup --slot`, by its
+// retention) has kept. The rows created after the reset add duplicates.
 func ReplayWindow(start, end time.Time, created bool) (since, until time.Time) {
 	since, until = start, end.Add(time.Second)
 	if created {
-		since = time.Unix(0, 0).UTC()
+		since, until = time.Unix(0, 0).UTC(), noTimeBound
 	}
 	return since, until
 }

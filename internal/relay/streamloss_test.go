@@ -420,6 +420,37 @@ func TestStreamResetOfALogicalReplicationRelay(t *testing.T) {
 	b.waitStream(t, ids)
 }
 
+// TestStreamResetOfALogicalReplicationRelayCoversRowsCreatedAhead: rows
+// whose created_at lies ahead of the database's clock (a producer's clock
+// two minutes ahead) are streamed like any other, then lost with the
+// stream. The replay of the reset by created_at stopped at the window's
+// end, so it left them out and still marked the reset replayed: no pending
+// reset held cleanup back, and nothing said they were missing (a review's
+// reproduction). It reads every row kept now.
+func TestStreamResetOfALogicalReplicationRelayCoversRowsCreatedAhead(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	r := b.newRelay(t, b.replicating(t, Config{Slot: "created_ahead", BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond}))
+	stop := runInBackground(t, r)
+	b.waitCaughtUp(t, "created_ahead")
+	ids := b.insertNow(t, 5)
+	ids = append(ids, b.insertIn(t, "UTC", `INSERT INTO outbox_events (event_type, payload, created_at)
+		SELECT 'ahead', '{}', now() + interval '2 minutes' FROM generate_series(1, 5) RETURNING id::text`)...)
+	b.waitStream(t, ids)
+
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	p := b.waitPendingReset(t)
+	require.NoError(t, stop())
+	since, until := ReplayWindow(*p.WindowStart, *p.WindowEnd, true)
+	res, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: until, Created: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.ResetsReplayed)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
+
 // TestStreamResetAfterAReplayCoversTheReplayedRows: a replay adds the
 // events of old rows again at the time it runs, while their dispatched_at
 // stays old. A reset that loses the stream after that replay has a window
