@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-dev/outbox-operator/internal/logical"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
@@ -167,6 +168,47 @@ func TestCleanupOfStreamedRowsRefusesWhileAChildIsNotPublished(t *testing.T) {
 	require.NoError(t, err)
 	res = requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
 	require.Contains(t, res.stdout, "deleted 3 rows")
+}
+
+// TestCleanupOfStreamedRowsWaitsForAnAttachedPartition: a table attached
+// as a partition brings rows the slot never streamed; cleanup --slot
+// deletes nothing until the relay has published them (recorded the
+// partition), and says so, exiting 0.
+func TestCleanupOfStreamedRowsWaitsForAnAttachedPartition(t *testing.T) {
+	t.Parallel()
+	dsn, db := freshDB(t)
+	env := relayEnv("DATABASE_URL=" + dsn)
+	_, err := db.Exec(t.Context(), `DROP TABLE outbox_events;
+		CREATE TABLE outbox_events (id uuid NOT NULL DEFAULT gen_random_uuid(), event_type text NOT NULL, payload jsonb NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz NULL) PARTITION BY RANGE (created_at);
+		CREATE TABLE outbox_events_old PARTITION OF outbox_events FOR VALUES FROM (MINVALUE) TO ('2000-01-01');
+		CREATE PUBLICATION outbox_events_pub FOR TABLE outbox_events WITH (publish = 'insert')`)
+	require.NoError(t, err)
+	table := outbox.MustNew("", outbox.Columns{})
+	opts := logical.Options{Table: table, Slot: "orders"}
+	require.NoError(t, table.EnsureProgressTable(t.Context(), db))
+	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now().Add(-time.Hour), true, nil))
+	logProgress(t, db, "orders", 2*time.Hour, time.Now().Add(-time.Hour))
+	recordPartitions := func() {
+		t.Helper()
+		parts, err := logical.Partitions(t.Context(), db, opts)
+		require.NoError(t, err)
+		require.NoError(t, table.RecordPartitions(t.Context(), db, "orders", logical.PartitionKeys(parts), false))
+	}
+	recordPartitions()
+
+	_, err = db.Exec(t.Context(), `CREATE TABLE outbox_events_new (LIKE outbox_events INCLUDING DEFAULTS);
+		INSERT INTO outbox_events_new (event_type, payload, created_at) SELECT 'backfill', '{}', now() - interval '3 hours'
+			FROM generate_series(1, 2);
+		ALTER TABLE outbox_events ATTACH PARTITION outbox_events_new FOR VALUES FROM ('2000-01-01') TO (MAXVALUE)`)
+	require.NoError(t, err)
+	res := requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
+	require.Contains(t, res.stdout, `deleted 0 rows from outbox_events: partitions ["public"."outbox_events_new"] joined it`)
+	require.Len(t, allRowIDs(t, db), 2, "nothing deleted")
+
+	recordPartitions() // as the relay does once it published their rows
+	res = requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
+	require.Contains(t, res.stdout, "deleted 2 rows")
 }
 
 // TestCleanupKeepsTheRowsOfAResetNotReplayed: while a stream reset waits

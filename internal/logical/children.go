@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +33,11 @@ type Child struct {
 	Schema, Name string
 	// Partition says that it is a partition, not an inheritance child.
 	Partition bool
+	// Unlogged says that it is UNLOGGED (or temporary): its inserts never
+	// reach the WAL, so no publication can stream them.
+	Unlogged bool
+	// OID is its pg_class oid.
+	OID int64
 }
 
 // String is the child's quoted, schema-qualified name.
@@ -39,6 +46,11 @@ func (c Child) String() string { return pgx.Identifier{c.Schema, c.Name}.Sanitiz
 // ErrChildNotCovered: an inheritance child of the outbox table is not in
 // the publication, so its inserts are not streamed.
 var ErrChildNotCovered = errors.New("inheritance child of the outbox table not in the publication")
+
+// ErrUnlogged: an inheritance child or partition of the outbox table is
+// UNLOGGED (or temporary), so its inserts never reach the WAL and the slot
+// never streams them.
+var ErrUnlogged = errors.New("unlogged table under the outbox table")
 
 // ErrPartitionNotCovered: a partition of the outbox table is not in the
 // publication, nor the table or a partitioned ancestor of it, so its
@@ -71,8 +83,12 @@ func Uncovered(ctx context.Context, q outbox.Querier, o Options) ([]Child, error
 // how to fix it.
 func UncoveredError(o Options, children []Child) error {
 	o, _ = o.withDefaults()
-	var kids, parts, only []string
+	var kids, parts, only, unlogged []string
 	for _, c := range children {
+		if c.Unlogged {
+			unlogged = append(unlogged, c.String())
+			continue
+		}
 		if c.Partition {
 			parts = append(parts, c.String())
 			continue
@@ -97,13 +113,76 @@ func UncoveredError(o Options, children []Child) error {
 			"listed them, so the slot has passed them and never streams them (a catch-up from the table)",
 			ErrPartitionNotCovered, strings.Join(parts, ", "), o.Table, o.Publication, pub, quotedTable(o.Table)))
 	}
-	switch len(errs) {
-	case 0:
-		return nil
-	case 1:
-		return errs[0]
+	if len(unlogged) > 0 {
+		errs = append(errs, fmt.Errorf("%w: %s of %s are UNLOGGED (or temporary): their inserts never reach the WAL, "+
+			"so slot %s never streams them; ALTER TABLE ... SET LOGGED each, and a relay of the table then publishes "+
+			"the rows they hold from the table",
+			ErrUnlogged, strings.Join(unlogged, ", "), o.Table, o.Slot))
 	}
-	return fmt.Errorf("%w; %w", errs[0], errs[1])
+	if len(errs) == 0 {
+		return nil
+	}
+	err := errs[0]
+	for _, e := range errs[1:] {
+		err = fmt.Errorf("%w; %w", err, e)
+	}
+	return err
+}
+
+// Partition is a logged leaf partition of the outbox table, and its key
+// (partitionsSQL): a new key is a partition that joined the table since,
+// whose rows inserted before it did were never streamed.
+type Partition struct {
+	Schema, Name, Key string
+}
+
+// String is the partition's quoted, schema-qualified name.
+func (p Partition) String() string { return pgx.Identifier{p.Schema, p.Name}.Sanitize() }
+
+// Partitions lists the logged leaf partitions of the table of o.
+func Partitions(ctx context.Context, q outbox.Querier, o Options) ([]Partition, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := q.Query(ctx, partitionsSQL, quotedTable(o.Table))
+	if err != nil {
+		return nil, fmt.Errorf("listing the partitions of %s: %w", o.Table, err)
+	}
+	parts, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Partition])
+	if err != nil {
+		return nil, fmt.Errorf("listing the partitions of %s: %w", o.Table, err)
+	}
+	return parts, nil
+}
+
+// PartitionKeys is what the progress table records of parts: their keys,
+// sorted, comma separated.
+func PartitionKeys(parts []Partition) string {
+	keys := make([]string, 0, len(parts))
+	for _, p := range parts {
+		keys = append(keys, p.Key)
+	}
+	slices.Sort(keys)
+	return strings.Join(keys, ",")
+}
+
+// WithoutTables is recorded (as PartitionKeys wrote it) less the keys of
+// the tables of oids.
+func WithoutTables(recorded string, oids []int64) string {
+	keys := strings.Split(recorded, ",")
+	keys = slices.DeleteFunc(keys, func(k string) bool {
+		oid, _, _ := strings.Cut(k, ":")
+		return slices.ContainsFunc(oids, func(o int64) bool { return strconv.FormatInt(o, 10) == oid })
+	})
+	return strings.Join(keys, ",")
+}
+
+// NewPartitions are the partitions of parts whose keys recorded (as
+// PartitionKeys wrote them) does not hold.
+func NewPartitions(parts []Partition, recorded string) []Partition {
+	known := strings.Split(recorded, ",")
+	return slices.DeleteFunc(slices.Clone(parts), func(p Partition) bool { return slices.Contains(known, p.Key) })
 }
 
 // AddChildren adds the children (and partitions) to the publication of o,
@@ -131,4 +210,24 @@ func AddChildren(ctx context.Context, tx pgx.Tx, o Options, children []Child) er
 		return fmt.Errorf("adding %s to publication %s: %w", strings.Join(only, ", "), o.Publication, err)
 	}
 	return nil
+}
+
+// NotPublished lists the partitions of the table of o whose rows slot
+// o.Slot's relay has not published yet: those new to what its progress
+// records (NewPartitions); none when the slot has no progress or it
+// records no partitions (a relay of an earlier version).
+func NotPublished(ctx context.Context, q outbox.Querier, o Options) ([]Partition, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	p, ok, err := o.Table.ReadProgress(ctx, q, o.Slot)
+	if err != nil || !ok || p.Partitions == nil {
+		return nil, err
+	}
+	parts, err := Partitions(ctx, q, o)
+	if err != nil {
+		return nil, err
+	}
+	return NewPartitions(parts, *p.Partitions), nil
 }

@@ -162,7 +162,13 @@ func TestUncoveredListsChildrenOutsideThePublication(t *testing.T) {
 	require.NoError(t, err)
 	children, err := Uncovered(ctx, db, b.opts)
 	require.NoError(t, err)
-	require.Equal(t, []Child{{Schema: "other", Name: "c2"}, {Schema: "public", Name: "outbox_c1"}}, children)
+	names := make([]string, 0, len(children))
+	for _, c := range children {
+		require.False(t, c.Partition || c.Unlogged, "%s", c)
+		require.NotZero(t, c.OID)
+		names = append(names, c.String())
+	}
+	require.Equal(t, []string{`"other"."c2"`, `"public"."outbox_c1"`}, names)
 	require.ErrorIs(t, UncoveredError(b.opts, children), ErrChildNotCovered)
 
 	// Inserts into c1 are not streamed until it is added.

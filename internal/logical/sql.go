@@ -101,7 +101,9 @@ SELECT (SELECT pubinsert FROM p), (%[1]s),
 
 	// uncoveredSQL ($1 the publication, $2 the quoted table) lists the
 	// table's descendants, recursively, whose inserts the publication does
-	// not stream, with whether each is a partition: an inheritance child
+	// not stream, with whether each is a partition, whether it is unlogged
+	// and its oid: an UNLOGGED (or temporary) one, whose inserts never reach
+	// the WAL whatever the publication lists; an inheritance child
 	// that pg_publication_tables does not list (it resolves FOR TABLE, FOR
 	// TABLES IN SCHEMA and FOR ALL TABLES alike), and a leaf partition
 	// listed neither itself nor through a partitioned ancestor (the table
@@ -119,13 +121,32 @@ SELECT (SELECT pubinsert FROM p), (%[1]s),
 listed AS MATERIALIZED (
 	SELECT to_regclass(format('%I.%I', t.schemaname, t.tablename)) AS rel FROM pg_publication_tables t WHERE t.pubname = $1
 )
-SELECT n.nspname::text, c.relname::text, c.relispartition
+SELECT n.nspname::text, c.relname::text, c.relispartition, c.relpersistence <> 'p', c.oid::bigint
 FROM d JOIN pg_class c ON c.oid = d.oid JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind <> 'p' AND NOT EXISTS (
+WHERE c.relkind <> 'p' AND (c.relpersistence <> 'p' OR NOT EXISTS (
 	SELECT 1 FROM listed
 	WHERE listed.rel = c.oid OR c.relispartition AND listed.rel IN (SELECT a.relid FROM pg_partition_ancestors(c.oid) AS a)
-)
+))
 ORDER BY 1, 2`
+
+	// partitionsSQL ($1 the quoted table) lists the table's leaf partitions
+	// (recursively) that are logged, each with a key: its oid and the xmin
+	// of every pg_inherits row from it up to the table. An ATTACH makes a
+	// new pg_inherits row, so a table attached (again) gets a new key, as
+	// does every leaf under a partitioned table attached; a new partition
+	// gets one too.
+	partitionsSQL = `WITH RECURSIVE d(oid) AS (
+	SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1)
+	UNION
+	SELECT i.inhrelid FROM pg_inherits i JOIN d ON i.inhparent = d.oid
+)
+SELECT n.nspname::text, c.relname::text, c.oid::text || ':' || (
+	SELECT string_agg(i.xmin::text, '.' ORDER BY i.inhrelid)
+	FROM pg_partition_ancestors(c.oid) AS a JOIN pg_inherits i ON i.inhrelid = a.relid
+	WHERE a.relid IN (SELECT oid FROM d))
+FROM d JOIN pg_class c ON c.oid = d.oid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relispartition AND c.relkind <> 'p' AND c.relpersistence = 'p'
+ORDER BY 3`
 
 	// addTablesSQL (publication: quoted; the tables: ONLY and quoted, comma
 	// separated) adds tables to a publication.

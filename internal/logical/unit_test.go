@@ -170,3 +170,25 @@ func TestRelationMapsColumnsByName(t *testing.T) {
 	require.Empty(t, e.Key)
 	require.Equal(t, outbox.NewEvent(cols, nil, nil, nil, nil), relation().event(cols, nil, types))
 }
+
+// TestPartitionKeysAndNewPartitions: the record of partitions published is
+// their keys, sorted; a partition whose key it lacks is new (attached, or
+// attached again), and a table taken out of it (made UNLOGGED) is new once
+// back.
+func TestPartitionKeysAndNewPartitions(t *testing.T) {
+	a := Partition{Schema: "public", Name: "a", Key: "16400:750"}
+	b := Partition{Schema: "public", Name: "b", Key: "16388:741"}
+	recorded := PartitionKeys([]Partition{a, b})
+	require.Equal(t, "16388:741,16400:750", recorded)
+	require.Empty(t, NewPartitions([]Partition{a, b}, recorded))
+	require.Empty(t, NewPartitions([]Partition{a}, recorded), "a partition gone is not new")
+
+	again := Partition{Schema: "public", Name: "b", Key: "16388:802"} // detached and attached again
+	c := Partition{Schema: "public", Name: "c", Key: "16410:811.809"}
+	require.Equal(t, []Partition{again, c}, NewPartitions([]Partition{a, again, c}, recorded))
+	require.Equal(t, []Partition{a, b}, NewPartitions([]Partition{a, b}, ""), "nothing recorded: every one is new")
+
+	require.Equal(t, "16400:750", WithoutTables(recorded, []int64{16388}))
+	require.Equal(t, recorded, WithoutTables(recorded, []int64{1638}), "by the whole oid")
+	require.Equal(t, []Partition{b}, NewPartitions([]Partition{a, b}, WithoutTables(recorded, []int64{16388})))
+}

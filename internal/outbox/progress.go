@@ -65,6 +65,11 @@ type Progress struct {
 	// of the last look of a relay that saw it (PublicationSeen); zero
 	// before the first look.
 	Publication PublicationSeen
+	// Partitions are the partitions of the table whose rows the slot's
+	// relay published or streams (logical.PartitionKeys): one not among
+	// them joined the table since, with rows the slot never streamed. nil
+	// before the first record (a row of an earlier version).
+	Partitions *string
 }
 
 // PublicationSeen is what a relay saw of its publication: its fingerprint
@@ -123,7 +128,7 @@ func (t *Table) EnsureProgressTable(ctx context.Context, db pgtx.Beginner) error
 func (t *Table) ReadProgress(ctx context.Context, q Querier, slot string) (p Progress, ok bool, err error) {
 	var id int64
 	err = q.QueryRow(ctx, t.progress(readProgressSQL), slot).Scan(&p.LastCommit, &p.CatchUpPending, &id, &p.XminHorizon,
-		&p.Publication.Fingerprint, &p.Publication.Xmin)
+		&p.Publication.Fingerprint, &p.Publication.Xmin, &p.Partitions)
 	p.CatchUpID = CatchUpID(id)
 	var pgErr *pgconn.PgError
 	if errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
@@ -224,6 +229,17 @@ func (t *Table) RecordProgress(ctx context.Context, q Querier, slot string, last
 func (t *Table) RecordPublication(ctx context.Context, q Querier, slot string, seen PublicationSeen) error {
 	if _, err := q.Exec(ctx, t.progress(recordPublicationSQL), slot, seen.Fingerprint, seen.Xmin); err != nil {
 		return t.classify(fmt.Errorf("recording the publication's fingerprint in %s: %w", t.ProgressTable(), err))
+	}
+	return nil
+}
+
+// RecordPartitions records the partitions of the table whose rows slot's
+// relay published or streams (keys: logical.PartitionKeys); baseline
+// records them only if none are (before the slot's first catch-up, which
+// reads every partition there is).
+func (t *Table) RecordPartitions(ctx context.Context, q Querier, slot, keys string, baseline bool) error {
+	if _, err := q.Exec(ctx, t.progress(recordPartitionsSQL), slot, keys, baseline); err != nil {
+		return t.classify(fmt.Errorf("recording the partitions published in %s: %w", t.ProgressTable(), err))
 	}
 	return nil
 }

@@ -454,19 +454,21 @@ ORDER BY %[5]s, %[2]s`
 	catch_up_after bigint NULL,
 	pub_fingerprint text NULL,
 	pub_xmin bigint NULL,
+	partitions text NULL,
 	updated_at timestamptz NOT NULL DEFAULT now()
 );
 DO $ddl$ BEGIN
 	IF (SELECT count(*) FROM pg_attribute WHERE attrelid = '%[14]s'::regclass AND NOT attisdropped
 		AND attname IN ('catch_up_id', 'xmin_horizon', 'xmin_sample', 'xmin_sampled_at',
-			'catch_up_after', 'pub_fingerprint', 'pub_xmin')) < 7 THEN
+			'catch_up_after', 'pub_fingerprint', 'pub_xmin', 'partitions')) < 8 THEN
 		ALTER TABLE %[14]s ADD COLUMN IF NOT EXISTS catch_up_id bigint NULL,
 			ADD COLUMN IF NOT EXISTS xmin_horizon bigint NULL,
 			ADD COLUMN IF NOT EXISTS xmin_sample bigint NULL,
 			ADD COLUMN IF NOT EXISTS xmin_sampled_at timestamptz NULL,
 			ADD COLUMN IF NOT EXISTS catch_up_after bigint NULL,
 			ADD COLUMN IF NOT EXISTS pub_fingerprint text NULL,
-			ADD COLUMN IF NOT EXISTS pub_xmin bigint NULL;
+			ADD COLUMN IF NOT EXISTS pub_xmin bigint NULL,
+			ADD COLUMN IF NOT EXISTS partitions text NULL;
 	END IF;
 END $ddl$;
 CREATE TABLE IF NOT EXISTS %[15]s (
@@ -478,7 +480,14 @@ CREATE TABLE IF NOT EXISTS %[15]s (
 );`
 
 	readProgressSQL = `SELECT last_commit, catch_up_pending, coalesce(catch_up_id, 0), xmin_horizon,
-	coalesce(pub_fingerprint, ''), pub_xmin FROM %[14]s WHERE slot = $1`
+	coalesce(pub_fingerprint, ''), pub_xmin, partitions FROM %[14]s WHERE slot = $1`
+
+	// recordPartitionsSQL (with %[14]s the progress table) records the
+	// partitions of the table whose rows slot $1's relay has published
+	// ($2, logical.PartitionKeys); with $3, only if none are recorded (the
+	// baseline, before the slot's catch-up).
+	recordPartitionsSQL = `UPDATE %[14]s SET partitions = CASE WHEN $3::boolean THEN coalesce(partitions, $2) ELSE $2 END,
+	updated_at = now() WHERE slot = $1`
 
 	// startCatchUpSQL (with %[14]s the progress table) records a catch-up of
 	// slot $1 due and returns its id, the transactions it waits for and its

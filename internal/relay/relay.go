@@ -77,6 +77,11 @@ type Relay struct {
 	// testHookBeforeSetup runs in the preparation of a slot after it read the
 	// slot's status and progress, before Setup (which creates a missing slot).
 	testHookBeforeSetup func(ctx context.Context)
+
+	// partitionsPublished is what the slot's progress records of the
+	// table's partitions (logical.PartitionKeys), as this relay last read or
+	// wrote it while holding the slot; nil: not read since it took it.
+	partitionsPublished *string
 }
 
 // errNotStarted is the readiness error before the first pass.

@@ -246,6 +246,13 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 			}
 		}
 	}
+	// The partitions there are now, before any catch-up reads them: one
+	// that joins the table later is new to what is recorded, and its rows
+	// are read then (publishNewPartitions).
+	r.partitionsPublished = nil
+	if err := r.recordPartitions(ctx, opts, true); err != nil {
+		return nil, err
+	}
 	if r.testHookBeforeSetup != nil {
 		r.testHookBeforeSetup(ctx)
 	}
@@ -373,12 +380,35 @@ const minCoverEvery = time.Second
 // child the relay's role cannot add is an error that says how to fix it.
 func (r *Relay) coverChildren(ctx context.Context, opts logical.Options, reader *logical.Reader) error {
 	children, err := logical.Uncovered(ctx, r.db, opts)
-	if err != nil || len(children) == 0 {
+	if err != nil {
 		return err
+	}
+	if unlogged := slices.DeleteFunc(slices.Clone(children), func(c logical.Child) bool { return !c.Unlogged }); len(unlogged) > 0 {
+		// A partition made UNLOGGED after its rows were recorded published:
+		// once LOGGED again it must be new to the record, for the rows
+		// written meanwhile.
+		if err := r.forgetPartitions(ctx, unlogged); err != nil {
+			return err
+		}
+		return logical.UncoveredError(opts, unlogged)
+	}
+	added, err := r.addUncovered(ctx, opts, reader, children)
+	if err != nil {
+		return err
+	}
+	return r.publishNewPartitions(ctx, opts, reader, added)
+}
+
+// addUncovered adds the children to the publication (coverChildren) and
+// returns those it added.
+func (r *Relay) addUncovered(ctx context.Context, opts logical.Options, reader *logical.Reader,
+	children []logical.Child) ([]logical.Child, error) {
+	if len(children) == 0 {
+		return nil, nil
 	}
 	start := time.Now()
 	total := 0
-	err = pgtx.Run(ctx, r.db, func(tx pgx.Tx) error {
+	err := pgtx.Run(ctx, r.db, func(tx pgx.Tx) error {
 		for _, c := range children {
 			if _, err := tx.Exec(ctx, "LOCK TABLE ONLY "+c.String()+" IN SHARE MODE"); err != nil {
 				return fmt.Errorf("locking %s to add it to the publication: %w", c, err)
@@ -387,6 +417,7 @@ func (r *Relay) coverChildren(ctx context.Context, opts logical.Options, reader 
 		// Under the locks: another relay of the table may have added some.
 		// One created meanwhile is not locked: the next look takes it.
 		locked := children
+		var err error
 		children, err = logical.Uncovered(ctx, tx, opts)
 		if err != nil {
 			return err
@@ -396,13 +427,8 @@ func (r *Relay) coverChildren(ctx context.Context, opts logical.Options, reader 
 			return nil
 		}
 		for _, c := range children {
-			err := r.cfg.Table.CatchUpChild(ctx, tx, c.Schema, c.Name, r.batchLimit(), func(page []outbox.Event) error {
-				if err := r.publishStreamed(ctx, page, time.Now()); err != nil {
-					return err
-				}
-				total += len(page)
-				return reader.KeepAlive()
-			})
+			n, err := r.publishRowsOf(ctx, tx, reader, c.Schema, c.Name)
+			total += n
 			if err != nil {
 				return fmt.Errorf("publishing the rows of %s: %w", c, err)
 			}
@@ -410,10 +436,10 @@ func (r *Relay) coverChildren(ctx context.Context, opts logical.Options, reader 
 		return logical.AddChildren(ctx, tx, opts, children)
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(children) == 0 {
-		return nil
+		return nil, nil
 	}
 	var names, parts []string
 	for _, c := range children {
@@ -432,6 +458,125 @@ func (r *Relay) coverChildren(ctx context.Context, opts logical.Options, reader 
 	}
 	r.log.Info(msg, "slot", r.cfg.Slot, "children", names, "partitions", parts, "events", total,
 		"took", time.Since(start).String())
+	return children, nil
+}
+
+// publishRowsOf publishes the rows of one table under the outbox table
+// (ONLY it), read in tx, keeping the slot held, and returns how many.
+func (r *Relay) publishRowsOf(ctx context.Context, tx pgx.Tx, reader *logical.Reader, schema, name string) (int, error) {
+	total := 0
+	err := r.cfg.Table.CatchUpChild(ctx, tx, schema, name, r.batchLimit(), func(page []outbox.Event) error {
+		if err := r.publishStreamed(ctx, page, time.Now()); err != nil {
+			return err
+		}
+		total += len(page)
+		return reader.KeepAlive()
+	})
+	return total, err
+}
+
+// recordPartitions records the table's partitions as published (baseline:
+// only if none are recorded) and keeps what is recorded in
+// partitionsPublished.
+func (r *Relay) recordPartitions(ctx context.Context, opts logical.Options, baseline bool) error {
+	parts, err := logical.Partitions(ctx, r.db, opts)
+	if err != nil {
+		return err
+	}
+	keys := logical.PartitionKeys(parts)
+	if err := r.cfg.Table.RecordPartitions(ctx, r.db, r.cfg.Slot, keys, baseline); err != nil {
+		return err
+	}
+	if !baseline {
+		r.partitionsPublished = &keys
+	}
+	return nil
+}
+
+// forgetPartitions takes the tables out of the record of partitions
+// published.
+func (r *Relay) forgetPartitions(ctx context.Context, tables []logical.Child) error {
+	if r.partitionsPublished == nil {
+		p, ok, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
+		if err != nil || !ok || p.Partitions == nil {
+			return err
+		}
+		r.partitionsPublished = p.Partitions
+	}
+	oids := make([]int64, 0, len(tables))
+	for _, c := range tables {
+		oids = append(oids, c.OID)
+	}
+	keys := logical.WithoutTables(*r.partitionsPublished, oids)
+	if keys == *r.partitionsPublished {
+		return nil
+	}
+	if err := r.cfg.Table.RecordPartitions(ctx, r.db, r.cfg.Slot, keys, false); err != nil {
+		return err
+	}
+	r.partitionsPublished = &keys
+	return nil
+}
+
+// publishNewPartitions publishes the rows of the partitions that joined
+// the table since the slot's progress recorded its partitions
+// (logical.NewPartitions): a table attached with rows in it (a backfill,
+// a migration), or a partition made LOGGED again. A publication of the
+// partitioned table covers such a partition from then on, but its earlier
+// rows entered the WAL as another table's, or not at all (UNLOGGED): the
+// slot never streams them. They were all committed before the ATTACH or
+// the SET LOGGED (which lock the table against writes), so a read after
+// finds them all. Then it records the partitions: a relay stopped in
+// between reads them again (duplicates). Partitions just added to the
+// publication (added) had their rows published then.
+func (r *Relay) publishNewPartitions(ctx context.Context, opts logical.Options, reader *logical.Reader,
+	added []logical.Child) error {
+	parts, err := logical.Partitions(ctx, r.db, opts)
+	if err != nil {
+		return err
+	}
+	keys := logical.PartitionKeys(parts)
+	if r.partitionsPublished == nil {
+		p, ok, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
+		if err != nil {
+			return err
+		}
+		if !ok || p.Partitions == nil {
+			return r.recordPartitions(ctx, opts, true) // recorded by an earlier version: from now on
+		}
+		r.partitionsPublished = p.Partitions
+	}
+	if keys == *r.partitionsPublished {
+		return nil
+	}
+	fresh := slices.DeleteFunc(logical.NewPartitions(parts, *r.partitionsPublished), func(p logical.Partition) bool {
+		return slices.ContainsFunc(added, func(c logical.Child) bool { return c.Schema == p.Schema && c.Name == p.Name })
+	})
+	start := time.Now()
+	total := 0
+	err = pgtx.Run(ctx, r.db, func(tx pgx.Tx) error {
+		for _, p := range fresh {
+			n, err := r.publishRowsOf(ctx, tx, reader, p.Schema, p.Name)
+			total += n
+			if err != nil {
+				return fmt.Errorf("publishing the rows of %s, which joined the table: %w", p, err)
+			}
+		}
+		return r.cfg.Table.RecordPartitions(ctx, tx, r.cfg.Slot, keys, false)
+	})
+	if err != nil {
+		return err
+	}
+	r.partitionsPublished = &keys
+	if len(fresh) > 0 {
+		names := make([]string, 0, len(fresh))
+		for _, p := range fresh {
+			names = append(names, p.String())
+		}
+		r.log.Info("Published the rows of partitions that joined the table (attached, or made LOGGED): "+
+			"the slot never streams rows written before", "slot", r.cfg.Slot, "partitions", names, "events", total,
+			"took", time.Since(start).String())
+	}
 	return nil
 }
 

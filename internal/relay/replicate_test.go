@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -489,6 +490,108 @@ func TestReplicationCoversPartitionsOfATableMigratedToPartitioning(t *testing.T)
 	listed, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{"outbox_events_default", "outbox_events_later", "outbox_old"}, listed)
+}
+
+// partitionedDDL is a partitioned outbox table with one partition up to
+// 2100, published as a whole (the relay's own publication names it).
+const partitionedDDL = `CREATE TABLE outbox_events (
+	id uuid NOT NULL DEFAULT gen_random_uuid(),
+	event_type text NOT NULL,
+	payload jsonb NOT NULL,
+	created_at timestamptz NOT NULL DEFAULT now(),
+	dispatched_at timestamptz NULL
+) PARTITION BY RANGE (created_at);
+CREATE TABLE outbox_events_now PARTITION OF outbox_events FOR VALUES FROM (MINVALUE) TO ('2100-01-01');`
+
+// insert2100 inserts n rows dated 2100 (the partition after outbox_events_now)
+// into table, and returns their ids.
+func (b *testBundle) insert2100(t *testing.T, table string, n int) []string {
+	t.Helper()
+	return b.insertIn(t, "UTC", fmt.Sprintf(`INSERT INTO %s (event_type, payload, created_at)
+		SELECT 'in2100', '{}', '2100-01-02'::timestamptz FROM generate_series(1, %d) RETURNING id::text`, table, n))
+}
+
+// A table that already holds outbox rows (a backfill, a migration) is
+// attached as a partition of the partitioned outbox table, whose
+// publication covers its partitions: the slot streams its inserts from the
+// ATTACH on, but its rows entered the WAL as another table's and were
+// never streamed; counted as covered, they were in no catch-up either, and
+// cleanup --slot deleted them by age later (a review's reproduction). The
+// relay now finds the partition new to what its progress records and
+// publishes its rows; cleanup --slot deletes nothing until it has.
+func TestReplicationPublishesTheRowsOfAnAttachedPartition(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{ddl: partitionedDDL})
+	ctx := context.Background()
+	cfg := b.replicating(t, Config{Slot: "relay_attached", BatchSize: 10, PollInterval: 100 * time.Millisecond})
+	stop := runInBackground(t, b.newRelay(t, cfg))
+	b.waitCaughtUp(t, cfg.Slot)
+	first := b.insertNow(t, 3)
+	b.waitStream(t, first)
+	require.NoError(t, stop()) // so that the cleanup looks first
+
+	_, err := b.db.Exec(ctx, `CREATE TABLE outbox_events_2100 (LIKE outbox_events INCLUDING DEFAULTS)`)
+	require.NoError(t, err)
+	attached := b.insert2100(t, "outbox_events_2100", 3)
+	_, err = b.db.Exec(ctx, `ALTER TABLE outbox_events ATTACH PARTITION outbox_events_2100 FOR VALUES FROM ('2100-01-01') TO (MAXVALUE)`)
+	require.NoError(t, err)
+	opts := logical.Options{Table: b.table, Slot: cfg.Slot}
+	fresh, err := logical.NotPublished(ctx, b.db, opts)
+	require.NoError(t, err)
+	require.Len(t, fresh, 1, "cleanup --slot holds for it")
+	require.Equal(t, "outbox_events_2100", fresh[0].Name)
+
+	stop = runInBackground(t, b.newRelay(t, cfg))
+	later := b.insertNow(t, 3)
+	b.waitStream(t, slices.Concat(first, attached, later))
+	require.NoError(t, stop())
+	fresh, err = logical.NotPublished(ctx, b.db, opts)
+	require.NoError(t, err)
+	require.Empty(t, fresh, "recorded once published")
+}
+
+// A partition made UNLOGGED: its inserts never reach the WAL, so the slot
+// never streams them, while the publication lists it all the same (it
+// names the partitioned table). It counted as covered: its rows were in
+// no stream and no catch-up (a review's reproduction). The relay now
+// refuses to go on, saying which table and how to fix it, and once the
+// partition is LOGGED again publishes the rows it holds.
+func TestReplicationRefusesAnUnloggedPartitionAndPublishesItOnceLogged(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{ddl: partitionedDDL})
+	ctx := context.Background()
+	cfg := b.replicating(t, Config{Slot: "relay_unlogged", BatchSize: 10, PollInterval: 100 * time.Millisecond})
+	r := b.newRelay(t, cfg)
+	stop := runInBackground(t, r)
+	b.waitCaughtUp(t, cfg.Slot)
+	_, err := b.db.Exec(ctx, `CREATE TABLE outbox_events_2100 PARTITION OF outbox_events FOR VALUES FROM ('2100-01-01') TO (MAXVALUE)`)
+	require.NoError(t, err)
+	first := slices.Concat(b.insertNow(t, 3), b.insert2100(t, "outbox_events", 2))
+	b.waitStream(t, first)
+	opts := logical.Options{Table: b.table, Slot: cfg.Slot}
+	waitFor(t, "the new partition recorded", func() bool {
+		fresh, err := logical.NotPublished(ctx, b.db, opts)
+		return err == nil && len(fresh) == 0
+	})
+
+	_, err = b.db.Exec(ctx, `ALTER TABLE outbox_events_2100 SET UNLOGGED`)
+	require.NoError(t, err)
+	unlogged := b.insert2100(t, "outbox_events", 3)
+	waitFor(t, "the relay refusing the unlogged partition", func() bool {
+		err := r.Ready()
+		return err != nil && errors.Is(err, logical.ErrUnlogged) && strings.Contains(err.Error(), "outbox_events_2100")
+	})
+	require.ErrorContains(t, r.Ready(), "SET LOGGED")
+	children, err := logical.Uncovered(ctx, b.db, opts)
+	require.NoError(t, err)
+	require.Len(t, children, 1, "listed as not covered, so cleanup --slot deletes nothing")
+	require.True(t, children[0].Unlogged)
+
+	_, err = b.db.Exec(ctx, `ALTER TABLE outbox_events_2100 SET LOGGED`)
+	require.NoError(t, err)
+	later := b.insertNow(t, 3)
+	b.waitStream(t, slices.Concat(first, unlogged, later))
+	require.NoError(t, stop())
 }
 
 // A catch-up that ends after its slot was dropped and made again must not
