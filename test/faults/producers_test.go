@@ -29,6 +29,23 @@ RETURNING id::text, created_at`, pgx.Identifier{table}.Sanitize())
 	return func(_ *rand.Rand, n int) (string, []any) { return sql, []any{n} }
 }
 
+// insertAheadSometimes inserts like insertInto, with created_at ahead of
+// the server's clock by ahead in every other transaction, at random (a
+// producer whose clock runs ahead, or which sets the time itself).
+func insertAheadSometimes(table string, ahead time.Duration) insertFunc {
+	sql := fmt.Sprintf(`INSERT INTO %s (event_type, payload, created_at)
+SELECT 'fault.test', json_build_object('n', g, 'pad', repeat('x', 64))::text, now() + make_interval(secs => $2)
+FROM generate_series(1, $1) g
+RETURNING id::text, created_at`, pgx.Identifier{table}.Sanitize())
+	return func(rng *rand.Rand, n int) (string, []any) {
+		by := 0.0
+		if rng.IntN(2) == 0 {
+			by = ahead.Seconds()
+		}
+		return sql, []any{n, by}
+	}
+}
+
 // producerConfig sizes a producer run.
 type producerConfig struct {
 	dsn    string

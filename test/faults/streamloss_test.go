@@ -54,6 +54,8 @@ type streamLossSpec struct {
 	cleanupFirst bool
 	// before, when set, runs before the relay starts.
 	before func(t *testing.T, rdb *redis.Client, stream string)
+	// insert is the producers' statement; nil: insertInto("outbox_events").
+	insert insertFunc
 }
 
 // streamLoss runs a stream-loss case: see streamLossCase.
@@ -74,9 +76,11 @@ func streamLoss(t *testing.T, c streamLossSpec) {
 		c.before(t, rdb, stream)
 	}
 	relay := startRelay(t, "A", env, args...)
-	prod := startProducers(t, producerConfig{
-		dsn: pg.DSN(), conns: 2, events: events, rate: rate, insert: insertInto("outbox_events"),
-	})
+	insert := c.insert
+	if insert == nil {
+		insert = insertInto("outbox_events")
+	}
+	prod := startProducers(t, producerConfig{dsn: pg.DSN(), conns: 2, events: events, rate: rate, insert: insert})
 
 	// The fault hits once a third of the events are in the stream.
 	eventually(t, time.Minute, "a third published", func() error {
@@ -200,6 +204,20 @@ func TestFlushAllMidStreamFromASlot(t *testing.T) {
 	streamLossCase(t, "LogicalReplication", func(t *testing.T, rs *testenv.RedisServer) {
 		require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
 	})
+}
+
+// TestFlushAllMidStreamFromASlotWithRowsCreatedAhead: the same, with
+// every other producer transaction's created_at two minutes ahead of
+// PostgreSQL's clock (a producer whose clock runs ahead, or which sets the
+// time itself). Such rows are streamed like any other, and lost with the
+// stream. Before, the replay by created_at stopped at the reset's end: it
+// left them out and marked the reset replayed.
+func TestFlushAllMidStreamFromASlotWithRowsCreatedAhead(t *testing.T) {
+	t.Parallel()
+	streamLoss(t, streamLossSpec{source: "LogicalReplication", insert: insertAheadSometimes("outbox_events", 2*time.Minute),
+		fault: func(t *testing.T, rs *testenv.RedisServer) {
+			require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
+		}})
 }
 
 // TestCleanupBeforeTheReplay: FLUSHALL mid-drain, and the cleanup (a
