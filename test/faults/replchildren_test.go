@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
@@ -88,24 +89,13 @@ func TestReplicationChildren(t *testing.T) {
 
 	args := []string{"--stream", stream, "--source", "LogicalReplication", "--slot", replicationSlot,
 		"--batch-size", strconv.Itoa(batchSize), "--poll-interval", "50ms"}
-	var relays, all []*relayProc
-	start := func() {
-		r := startRelay(t, fmt.Sprintf("C%d", len(all)+1), env, args...)
-		relays, all = append(relays, r), append(all, r)
-	}
-	holder := func() (h *relayProc) {
-		eventually(t, time.Minute, "a relay streaming from the slot", func() (err error) {
-			h, err = slotHolder(t, conn, pg.DSN(), relays)
-			return err
-		})
-		return h
-	}
-	start()
-	holder()
-	start() // the standby
+	sr := &slotRelays{t: t, conn: conn, env: env, args: args, prefix: "C"}
+	sr.start()
+	sr.holder()
+	sr.start() // the standby
 	var committedAtCatchUp int
 	eventually(t, time.Minute, "the first catch-up", func() error {
-		if countLog(all, "Caught up") == 0 {
+		if countLog(sr.all, "Caught up") == 0 {
 			return fmt.Errorf("no relay logged its catch-up")
 		}
 		committedAtCatchUp = len(committed) + prod.committedCount()
@@ -116,16 +106,12 @@ func TestReplicationChildren(t *testing.T) {
 	// looked twice, and the standby takes over.
 	production := time.Duration(float64(events) / rate * float64(time.Second))
 	sleepUntil(t.Context(), produceStart.Add(production/3))
-	h := holder()
+	h := sr.holder()
 	mustExec(t, conn, `CREATE TABLE outbox_events_c2 () INHERITS (outbox_events)`)
 	newest("outbox_events_c2")
 	time.Sleep(200 * time.Millisecond)
-	h.kill(t)
-	killed := time.Now()
-	relays = slices.DeleteFunc(relays, func(r *relayProc) bool { return r == h })
-	holder()
-	takeover := time.Since(killed)
-	start()
+	takeover := sr.kill(h)
+	sr.start()
 
 	// c3, written into while the holder streams.
 	sleepUntil(t.Context(), produceStart.Add(production*2/3))
@@ -136,14 +122,12 @@ func TestReplicationChildren(t *testing.T) {
 	committed = append(committed, prod.committed()...)
 	rdb := redisClient(t, rs.URL())
 	drain := waitStreamed(t, rdb, stream, committed)
-	for _, r := range relays {
-		r.stop(t, time.Minute)
-	}
+	sr.stopAll()
 
 	var published int
 	require.NoError(t, conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_publication_tables
 		WHERE schemaname = 'public' AND tablename IN ('outbox_events_c2', 'outbox_events_c3')`).Scan(&published))
-	adds, added := addedChildren(all)
+	adds, added := addedChildren(sr.all)
 	r := Check(committed, streamEventIDs(t, rdb, stream, 1000))
 	// The catch-up overlapping the stream, the rows the children held when
 	// added (published again if a relay died before the add committed), two
@@ -158,10 +142,56 @@ func TestReplicationChildren(t *testing.T) {
 	require.LessOrEqual(t, r.Duplicates, bound, "duplicates beyond the catch-up, the children's rows and two batches per kill")
 	require.Equal(t, 2, published, "outbox_events_c2 and c3 in the publication")
 	require.Positive(t, added, "no row was written into a new child before a relay added it: the case missed its point")
-	require.Zero(t, countLog(all, "panic:"), "a relay panicked")
+	require.Zero(t, countLog(sr.all, "panic:"), "a relay panicked")
 }
 
 var addedRE = regexp.MustCompile(`msg="Added inheritance children[^\n]* events=(\d+)`)
+
+// slotRelays are the relays of one slot that a case starts: those still
+// running, and all it started.
+type slotRelays struct {
+	t            testing.TB
+	conn         *pgx.Conn
+	env          relayEnv
+	args         []string
+	prefix       string // of the relays' names
+	running, all []*relayProc
+}
+
+// start starts one more relay.
+func (s *slotRelays) start() {
+	s.t.Helper()
+	r := startRelay(s.t, fmt.Sprintf("%s%d", s.prefix, len(s.all)+1), s.env, s.args...)
+	s.running, s.all = append(s.running, r), append(s.all, r)
+}
+
+// holder waits for a running relay to stream from the slot, and returns it.
+func (s *slotRelays) holder() (h *relayProc) {
+	s.t.Helper()
+	eventually(s.t, time.Minute, "a relay streaming from the slot", func() (err error) {
+		h, err = slotHolder(s.t, s.conn, s.env.databaseURL, s.running)
+		return err
+	})
+	return h
+}
+
+// kill SIGKILLs r and returns how long until another relay held the slot.
+func (s *slotRelays) kill(r *relayProc) time.Duration {
+	s.t.Helper()
+	r.kill(s.t)
+	killed := time.Now()
+	s.running = slices.DeleteFunc(s.running, func(x *relayProc) bool { return x == r })
+	s.holder()
+	return time.Since(killed)
+}
+
+// stopAll stops the running relays (SIGTERM, a clean exit).
+func (s *slotRelays) stopAll() {
+	s.t.Helper()
+	for _, r := range s.running {
+		r.stop(s.t, time.Minute)
+	}
+}
 
 // addedChildren counts the relays' log lines of children added to the
 // publication, and the rows those adds published from the children.
