@@ -251,14 +251,15 @@ func (r *Relay) reportReset(why string) {
 	case g.found <- struct{}{}:
 	default: // already signalled (or no watch loop: a nil channel)
 	}
-	m := r.cfg.Metrics.stream
-	m.Resets.Inc()
-	m.LastReset.Set(float64(now.Unix()))
-	m.LastResetFrom.Set(float64(from.Unix()))
+	// Logged before it is counted: whoever sees the count finds the line.
 	r.log.Error("Stream reset: entries the relay added may be lost; replay the window",
 		"reason", why, "windowStart", reset.WindowStart.Format(time.RFC3339), "windowEnd", reset.WindowEnd.Format(time.RFC3339),
 		"replay", fmt.Sprintf("relay replay --table %s --stream %s --since %s --until %s", r.cfg.Table, r.cfg.Stream,
 			reset.WindowStart.Format(time.RFC3339), reset.WindowEnd.Add(time.Second).Format(time.RFC3339)))
+	m := r.cfg.Metrics.stream
+	m.Resets.Inc()
+	m.LastReset.Set(float64(now.Unix()))
+	m.LastResetFrom.Set(float64(from.Unix()))
 }
 
 // checkStream looks at the stream between batches: XINFO STREAM alone,

@@ -440,7 +440,13 @@ func TestStreamMadeAgainByANewRelay(t *testing.T) {
 		}
 		return nil
 	})
-	require.Contains(t, a.out.String(), "it was made again", "the reset is found by the count of entries, the only sign left")
+	// The count moves as the reset is logged: wait for the line.
+	eventually(t, 10*time.Second, "A logging the reason", func() error {
+		if !strings.Contains(a.out.String(), "it was made again") {
+			return fmt.Errorf("the reset is found by the count of entries, the only sign left: no such reason logged")
+		}
+		return nil
+	})
 	prod.wait(t)
 	waitDrained(t, conn, "outbox_events", 5*time.Minute)
 	a.stop(t, time.Minute)
