@@ -129,9 +129,10 @@ func UncoveredError(o Options, children []Child) error {
 	return err
 }
 
-// Partition is a logged leaf partition of the outbox table, and its key
-// (partitionsSQL): a new key is a partition that joined the table since,
-// whose rows inserted before it did were never streamed.
+// Partition is a logged table under the outbox table (a leaf partition or
+// an inheritance child), and its key (partitionsSQL): a new key is a table
+// that joined the table since, or was rewritten (made LOGGED again, among
+// others), whose rows written before may never have been streamed.
 type Partition struct {
 	Schema, Name, Key string
 }
@@ -139,7 +140,8 @@ type Partition struct {
 // String is the partition's quoted, schema-qualified name.
 func (p Partition) String() string { return pgx.Identifier{p.Schema, p.Name}.Sanitize() }
 
-// Partitions lists the logged leaf partitions of the table of o.
+// Partitions lists the logged leaf partitions and inheritance children of
+// the table of o.
 func Partitions(ctx context.Context, q outbox.Querier, o Options) ([]Partition, error) {
 	o, err := o.withDefaults()
 	if err != nil {

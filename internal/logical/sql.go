@@ -129,23 +129,25 @@ WHERE c.relkind <> 'p' AND (c.relpersistence <> 'p' OR NOT EXISTS (
 ))
 ORDER BY 1, 2`
 
-	// partitionsSQL ($1 the quoted table) lists the table's leaf partitions
-	// (recursively) that are logged, each with a key: its oid and the xmin
-	// of every pg_inherits row from it up to the table. An ATTACH makes a
-	// new pg_inherits row, so a table attached (again) gets a new key, as
-	// does every leaf under a partitioned table attached; a new partition
-	// gets one too.
-	partitionsSQL = `WITH RECURSIVE d(oid) AS (
-	SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1)
-	UNION
-	SELECT i.inhrelid FROM pg_inherits i JOIN d ON i.inhparent = d.oid
+	// partitionsSQL ($1 the quoted table) lists the tables under the table
+	// (partitions and inheritance children, recursively; leaves only: a
+	// partitioned table holds no rows) that are logged, each with a key: its
+	// oid, its relfilenode and the xmin of every pg_inherits row from it up
+	// to the table (the lowest such path, for a child of several parents).
+	// An ATTACH or an INHERIT makes a new pg_inherits row, so a table that
+	// joins (again) gets a new key, as does every leaf under a partitioned
+	// table attached, and a new table gets one too. SET LOGGED rewrites the
+	// table, so one made UNLOGGED and LOGGED again gets a new relfilenode
+	// (as VACUUM FULL, CLUSTER and TRUNCATE do).
+	partitionsSQL = `WITH RECURSIVE d(oid, links) AS (
+	SELECT inhrelid, xmin::text FROM pg_inherits WHERE inhparent = to_regclass($1)
+	UNION ALL
+	SELECT i.inhrelid, d.links || '.' || i.xmin::text FROM pg_inherits i JOIN d ON i.inhparent = d.oid
 )
-SELECT n.nspname::text, c.relname::text, c.oid::text || ':' || (
-	SELECT string_agg(i.xmin::text, '.' ORDER BY i.inhrelid)
-	FROM pg_partition_ancestors(c.oid) AS a JOIN pg_inherits i ON i.inhrelid = a.relid
-	WHERE a.relid IN (SELECT oid FROM d))
+SELECT n.nspname::text, c.relname::text, c.oid::text || ':' || c.relfilenode::text || ':' || min(d.links)
 FROM d JOIN pg_class c ON c.oid = d.oid JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relispartition AND c.relkind <> 'p' AND c.relpersistence = 'p'
+WHERE c.relkind <> 'p' AND c.relpersistence = 'p'
+GROUP BY n.nspname, c.relname, c.oid, c.relfilenode
 ORDER BY 3`
 
 	// addTablesSQL (publication: quoted; the tables: ONLY and quoted, comma

@@ -486,8 +486,8 @@ CREATE TABLE IF NOT EXISTS %[15]s (
 	// partitions of the table whose rows slot $1's relay has published
 	// ($2, logical.PartitionKeys); with $3, only if none are recorded (the
 	// baseline, before the slot's catch-up).
-	recordPartitionsSQL = `UPDATE %[14]s SET partitions = CASE WHEN $3::boolean THEN coalesce(partitions, $2) ELSE $2 END,
-	updated_at = now() WHERE slot = $1`
+	recordPartitionsSQL = `UPDATE %[14]s SET partitions = $2, updated_at = now()
+WHERE slot = $1 AND (NOT $3::boolean OR partitions IS NULL)`
 
 	// startCatchUpSQL (with %[14]s the progress table) records a catch-up of
 	// slot $1 due and returns its id, the transactions it waits for and its

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/redisconn"
+	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -35,7 +36,9 @@ func deploymentClient(t *testing.T, url string, o redisconn.Options) redis.Unive
 func (b *testBundle) deploymentRelay(t *testing.T, rdb redis.UniversalClient, cfg Config) *Relay {
 	t.Helper()
 	cfg.Table, cfg.Stream = b.table, b.stream
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
 	cfg.MinBackoff, cfg.MaxBackoff = 10*time.Millisecond, 200*time.Millisecond
 	cfg.PollInterval = 20 * time.Millisecond
 	cfg.PublishTimeout = 3 * time.Second
@@ -97,13 +100,16 @@ func minimalACL(user, password, stream string) []string {
 		"--user", user, "on", ">" + password, "~" + stream, "~" + stream + ".dead", "resetchannels", "-@all",
 		"+ping", "+hello", "+auth", "+client|setname", "+select",
 		"+xadd", "+xinfo|stream", "+xinfo|groups", "+xrange", "+xlen", "+exists", "+wait", "+xtrim",
+		"+xpending", "+time", "+evalsha", "+eval",
 		"+info", "+config|get", "+type"}
 }
 
 func TestRelayWithACLUser(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
-	srv := testenv.StartRedis(t, testenv.WithRedisArgs(minimalACL("relay", "relay-pw", b.stream)...))
+	// And a consumer's user, for the groups.
+	srv := testenv.StartRedis(t, testenv.WithRedisArgs(append(minimalACL("relay", "relay-pw", b.stream),
+		"--user", "worker", "on", ">worker-pw", "~*", "+@all")...))
 	url := "redis://relay:relay-pw@" + srv.Addr() + "/0"
 	rdb := deploymentClient(t, url, redisconn.Options{})
 
@@ -122,6 +128,32 @@ func TestRelayWithACLUser(t *testing.T) {
 	require.NoError(t, r.Ready())
 	require.NoError(t, stop())
 	requireEachOnce(t, streamEntries(t, rdb, b.stream), ids)
+
+	// Trimming, by length and age, with a group that read everything and
+	// one entry pending: the user may run all of it.
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "worker", Password: "worker-pw"})
+	t.Cleanup(func() { _ = admin.Close() })
+	require.NoError(t, admin.XGroupCreate(ctx, b.stream, "workers", "0").Err())
+	read, err := admin.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "workers", Consumer: "c", Streams: []string{b.stream, ">"}}).Result()
+	require.NoError(t, err)
+	for _, m := range read[0].Messages[1:] {
+		require.NoError(t, admin.XAck(ctx, b.stream, "workers", m.ID).Err())
+	}
+	n, bound, err := Trim(ctx, rdb, b.stream, TrimPolicy{MaxLen: 10, MaxAge: time.Hour}, time.Second)
+	require.NoError(t, err, "trimming under the documented ACL")
+	require.Zero(t, n, "the pending first entry holds the stream")
+	require.Equal(t, read[0].Messages[0].ID, bound)
+
+	// Without the script's commands trimming fails, and says so at warn
+	// level, the first time and every tenth.
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "relay", "-evalsha", "-eval").Err())
+	var logs syncbuf.Buffer
+	r = b.deploymentRelay(t, rdb, Config{Logger: newTestLogger(&logs), Trim: TrimPolicy{MaxLen: 10}})
+	for range 11 {
+		r.trimOnce(ctx)
+	}
+	require.Equal(t, 2, strings.Count(logs.String(), "level=WARN msg=\"Trimming the stream failed"), logs.String())
+	require.Contains(t, logs.String(), "NOPERM")
 }
 
 func TestRelayOnRedisCluster(t *testing.T) {

@@ -41,6 +41,9 @@ type Relay struct {
 	// trimHeld is why the stream is not trimmed ("": it is), so that it is
 	// said once (trim.go; the watch loop's).
 	trimHeld string
+	// trimFailures counts the trims that failed in a row (the watch
+	// loop's): the first and every tenth are logged at warn level.
+	trimFailures int
 	// open are the batches that hold a transaction, which an automatic
 	// replay waits for (streamloss.go).
 	open openBatches

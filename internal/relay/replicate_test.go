@@ -591,6 +591,23 @@ func TestReplicationRefusesAnUnloggedPartitionAndPublishesItOnceLogged(t *testin
 	require.NoError(t, err)
 	later := b.insertNow(t, 3)
 	b.waitStream(t, slices.Concat(first, unlogged, later))
+
+	// UNLOGGED and LOGGED again in one transaction: no look sees it
+	// unlogged, but SET LOGGED rewrote the table, so it is new to the
+	// record all the same (a review's reproduction: 3 of 3 lost).
+	tx, err := b.db.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `ALTER TABLE outbox_events_2100 SET UNLOGGED`)
+	require.NoError(t, err)
+	rows, err := tx.Query(ctx, `INSERT INTO outbox_events (event_type, payload, created_at)
+		SELECT 'unseen', '{}', '2100-01-03'::timestamptz FROM generate_series(1, 3) RETURNING id::text`)
+	require.NoError(t, err)
+	unseen, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `ALTER TABLE outbox_events_2100 SET LOGGED`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	b.waitStream(t, slices.Concat(first, unlogged, later, unseen))
 	require.NoError(t, stop())
 }
 

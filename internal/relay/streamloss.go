@@ -569,8 +569,8 @@ func (r *Relay) recordResets(ctx context.Context, replay bool) {
 // autoReplay republishes the rows dispatched in a reset's window, at most
 // AutoReplayMaxWindow back, and marks the reset replayed. Source
 // LogicalReplication marks no row dispatched: its relay republishes every
-// row created since AutoReplayMaxWindow ago, however late (ReplayWindow),
-// as `relay replay --source LogicalReplication` does.
+// row the table keeps (ReplayWindow), as `relay replay --source
+// LogicalReplication --pending` does.
 func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	// A batch may have added its entries to the stream before it was lost
 	// and not have committed yet: the replay's read would not see its rows,
@@ -588,31 +588,13 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	}
 	created := r.cfg.Source == SourceLogicalReplication
 	since, until := ReplayWindow(reset.WindowStart, reset.WindowEnd, created)
-	// The floor follows cleanup's retention, which PostgreSQL's clock
-	// judges (dispatched_at, now()): by the relay's clock alone, a relay
-	// whose clock ran ahead would skip rows still in the table and mark
-	// their window replayed. The earlier of the two clocks rules, so a
-	// relay clock behind replays no less than before either.
-	now := time.Now()
-	if pgNow, err := outbox.Now(ctx, r.db); err == nil && pgNow.Before(now) {
-		now = pgNow // on an error, the replay below says what fails
-	}
-	floor := now.Add(-r.cfg.AutoReplayMaxWindow)
-	if since.Before(floor) {
-		since = floor
-	}
-	if reset.WindowStart.Before(floor) {
-		// The rows before the floor are not replayed here, and the reset
-		// stays pending (marked from the floor, below): cleanup keeps the
-		// rows of its window until a replay by hand covers them.
-		r.log.Error("The stream reset's window began before --auto-replay-max-window: replayed from there only; "+
-			"the reset stays pending, replay it by hand",
-			"windowStart", reset.WindowStart.Format(time.RFC3339), "replayedSince", floor.Format(time.RFC3339),
-			"replay", fmt.Sprintf("relay replay --table %s --stream %s --pending", r.cfg.Table, r.cfg.Stream))
-	}
 	markSince := reset.WindowStart
-	if markSince.Before(floor) {
-		markSince = floor
+	if !created {
+		// A slot relay's replay reads every row kept (ReplayWindow): a
+		// row's created_at says nothing of when it was streamed (a
+		// catch-up, a partition that joined), and cleanup --slot keeps
+		// what a pending reset may need. A polling relay's is bounded.
+		since, markSince = r.autoReplayFloor(ctx, reset, since)
 	}
 	res, err := Replay(ctx, r.cfg.Table, r.db, r.rdb, ReplayOptions{
 		Stream: r.cfg.Stream, Since: since, Until: until, Created: created, BatchSize: r.cfg.BatchSize,
@@ -634,6 +616,35 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	if res.Incomplete != "" {
 		r.log.Warn("The replayed window may have lost events for good", "reason", res.Incomplete)
 	}
+}
+
+// autoReplayFloor bounds a polling relay's automatic replay by
+// AutoReplayMaxWindow: it returns since, raised to the bound, and where
+// the replay marks the reset from. A window that began before the bound
+// is replayed from there and stays pending: cleanup keeps the rows of its
+// window until a replay by hand covers them. The bound follows cleanup's
+// retention, which PostgreSQL's clock judges (dispatched_at, now()): by
+// the relay's clock alone, a relay whose clock ran ahead would skip rows
+// still in the table and mark their window replayed. The earlier of the
+// two clocks rules, so a relay clock behind replays no less either.
+func (r *Relay) autoReplayFloor(ctx context.Context, reset outbox.StreamReset, since time.Time) (time.Time, time.Time) {
+	now := time.Now()
+	if pgNow, err := outbox.Now(ctx, r.db); err == nil && pgNow.Before(now) {
+		now = pgNow // on an error, the replay says what fails
+	}
+	floor := now.Add(-r.cfg.AutoReplayMaxWindow)
+	if since.Before(floor) {
+		since = floor
+	}
+	markSince := reset.WindowStart
+	if markSince.Before(floor) {
+		markSince = floor
+		r.log.Error("The stream reset's window began before --auto-replay-max-window: replayed from there only; "+
+			"the reset stays pending, replay it by hand",
+			"windowStart", reset.WindowStart.Format(time.RFC3339), "replayedSince", floor.Format(time.RFC3339),
+			"replay", fmt.Sprintf("relay replay --table %s --stream %s --pending", r.cfg.Table, r.cfg.Stream))
+	}
+	return since, markSince
 }
 
 // ReplayWindow is the window of rows a replay of a stream reset's window

@@ -263,6 +263,32 @@ func TestAutoReplayFromASlot(t *testing.T) {
 	require.Zero(t, b.dispatchedRows(t), "a replay leaves the rows as they are")
 }
 
+// TestAutoReplayFromASlotTakesRowsCreatedLongBefore: a slot relay's rows
+// reach the stream any time after their created_at (a catch-up, a
+// partition that joined, a producer's clock behind). Its automatic replay
+// bounded the rows by created_at to --auto-replay-max-window back, so rows
+// created two hours before (with the bound at one) that the stream lost
+// were left out and the reset marked replayed (a review's finding). It
+// reads every row the table keeps now.
+func TestAutoReplayFromASlotTakesRowsCreatedLongBefore(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	r := b.newRelay(t, b.replicating(t, Config{Slot: "relay_test_auto_replay_old", BatchSize: 10, AutoReplay: true,
+		AutoReplayMaxWindow: time.Hour, StreamCheckInterval: 50 * time.Millisecond}))
+	stop := runInBackground(t, r)
+	b.waitCaughtUp(t, "relay_test_auto_replay_old")
+	old := b.insertIn(t, "UTC", `INSERT INTO outbox_events (event_type, payload, created_at)
+		SELECT 'old', '{}', now() - interval '2 hours' FROM generate_series(1, 5) RETURNING id::text`)
+	ids := append(old, b.insertNow(t, 5)...)
+	b.waitStream(t, ids)
+	require.NoError(t, b.rdb.FlushAll(context.Background()).Err())
+	waitFor(t, "the automatic replay", func() bool { return testutilCounter(r.cfg.Metrics.stream.ReplayedEvents) > 0 })
+	b.waitResetsReplayed(t)
+	require.NoError(t, stop())
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
+
 // TestAutoReplayPastItsBoundSaysSo: a reset whose window began before
 // AutoReplayMaxWindow (the cleanup retention) is replayed from that bound
 // only, since cleanup deletes older rows, and the relay says that the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -81,8 +82,9 @@ func (e *GroupsAwaitedError) Error() string {
 var ErrNoConsumerGroup = errors.New("the stream has no consumer group: not trimmed")
 
 // trimOnce trims the stream once and counts what it removed; a failure is
-// logged at debug level (the batches report Redis's faults), a stream left
-// alone for want of a group once at info level. It waits for the groups
+// logged at warn level the first time and every tenth in a row, else at
+// debug level (the batches report Redis's faults), a stream left alone for
+// want of a group once at info level. It waits for the groups
 // that stream resets took (recorded in the stream-resets table, or still
 // to be recorded), and records them back once all are.
 func (r *Relay) trimOnce(ctx context.Context) {
@@ -107,9 +109,18 @@ func (r *Relay) trimOnce(ctx context.Context) {
 	}
 	r.trimHeld = ""
 	if err != nil {
-		r.log.Debug("Trimming the stream failed, retrying at the next interval", "error", err.Error())
+		// Redis's faults show in the batches too; a trim that keeps failing
+		// (an ACL without the script) lets the stream grow without bound.
+		r.trimFailures++
+		level := slog.LevelDebug
+		if r.trimFailures%10 == 1 {
+			level = slog.LevelWarn
+		}
+		r.log.Log(ctx, level, "Trimming the stream failed, retrying at the next interval", "error", err.Error(),
+			"failuresInARow", r.trimFailures)
 		return
 	}
+	r.trimFailures = 0
 	if len(resets) > 0 {
 		// Every group awaited is back: trimming no longer waits for them.
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -206,7 +217,8 @@ func Trim(ctx context.Context, rdb redis.UniversalClient, stream string, p TrimP
 // and its consumer groups' bound, read in the script (as groupsBound reads
 // it). ARGV[2:] are the groups awaited. It returns {removed, bound,
 // status, missing groups...}: status "" (trimmed), "no groups" (none, or
-// no stream) or "missing" (awaited groups absent: their names follow).
+// no stream) or "missing" (awaited groups absent: their names follow); any
+// other error of XINFO GROUPS (an ACL without it) is the script's error.
 // Ids are compared as two decimal numbers, by length, then as text.
 var trimScript = redis.NewScript(`
 local function numLess(a, b) return #a < #b or (#a == #b and a < b) end
@@ -216,7 +228,12 @@ local function idLess(a, b)
 	return numLess(am, bm) or (am == bm and numLess(as, bs))
 end
 local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[1])
-if not ok or #groups == 0 then return {0, '', 'no groups'} end
+if not ok then
+	local msg = type(groups) == 'table' and groups.err or tostring(groups)
+	if string.find(msg, 'no such key', 1, true) then return {0, '', 'no groups'} end
+	return redis.error_reply(msg)
+end
+if #groups == 0 then return {0, '', 'no groups'} end
 local bound = ARGV[1]
 local names = {}
 for _, g in ipairs(groups) do
