@@ -38,36 +38,29 @@ func newCleanupCommand(c *common) *cobra.Command {
 			return withPool(cmd.Context(), c, func(ctx context.Context, t *outbox.Table, db *pgxpool.Pool) error {
 				start := time.Now()
 				if slot != "" {
-					// Rows of an inheritance child or a partition that the
-					// publication does not cover were never streamed: they
-					// stay until a relay adds it and publishes them.
 					o := logical.Options{Table: t, Slot: slot}
-					children, err := logical.Uncovered(ctx, db, o)
-					if err != nil {
-						return err
+					// Checked before the first batch and before each next one:
+					// a table attached meanwhile brings rows never streamed.
+					before := func(ctx context.Context) error { return streamedHeld(ctx, db, o) }
+					err := before(ctx)
+					var n int64
+					var cutoff time.Time
+					if err == nil {
+						n, cutoff, err = t.DeleteStreamed(ctx, db, slot, retention, margin, batchSize, before)
 					}
-					if len(children) > 0 {
-						return fmt.Errorf("deleting nothing: %w", logical.UncoveredError(o, children))
-					}
-					// Rows of a partition that joined the table since the relay
-					// last looked were never streamed: they stay until the relay
-					// publishes them (within a second of its next look).
-					if fresh, err := logical.NotPublished(ctx, db, o); err != nil || len(fresh) > 0 {
-						if err != nil {
-							return err
-						}
-						_, _ = fmt.Fprintf(cmd.OutOrStdout(), "deleted 0 rows from %s: partitions %v joined it since slot %s's relay "+
-							"last looked, and their rows are not published yet\n", t, fresh, slot)
-						return nil
-					}
-					n, cutoff, err := t.DeleteStreamed(ctx, db, slot, retention, margin, batchSize)
-					held, young := (*outbox.ResetsPendingError)(nil), (*outbox.YoungProgressError)(nil)
-					if errors.As(err, &held) || errors.As(err, &young) {
+					held, young, joined := (*outbox.ResetsPendingError)(nil), (*outbox.YoungProgressError)(nil), (*joinedError)(nil)
+					if errors.As(err, &held) || errors.As(err, &young) || errors.As(err, &joined) {
 						// Not a failure of the Job: the StreamIntact condition
-						// and the relay's log already ask for the replay, and
-						// a young relay's rows are all within the retention.
-						_, _ = fmt.Fprintf(cmd.OutOrStdout(), "deleted 0 rows from %s: %v\n", t, err)
+						// and the relay's log already ask for the replay, a young
+						// relay's rows are all within the retention, and the
+						// relay publishes a joined partition's rows at its next
+						// look.
+						_, _ = fmt.Fprintf(cmd.OutOrStdout(), "deleted %d rows from %s: %v\n", n, t, err)
 						return nil
+					}
+					if errors.Is(err, logical.ErrChildNotCovered) || errors.Is(err, logical.ErrPartitionNotCovered) ||
+						errors.Is(err, logical.ErrUnlogged) {
+						return fmt.Errorf("deleted %d rows, then stopped: %w", n, err)
 					}
 					if cutoff.IsZero() {
 						return err
@@ -155,4 +148,38 @@ func withPoolTimeout(ctx context.Context, c *common, statementTimeout time.Durat
 		return fmt.Errorf("connecting to %s: %w", databaseName(dsn), err)
 	}
 	return fn(ctx, t, db)
+}
+
+// joinedError: tables joined the outbox table since the slot's relay last
+// looked (logical.NotPublished), with rows it has not published yet.
+type joinedError struct {
+	slot   string
+	tables []logical.Partition
+}
+
+func (e *joinedError) Error() string {
+	return fmt.Sprintf("tables %v joined it since slot %s's relay last looked, and their rows are not published yet", e.tables, e.slot)
+}
+
+// streamedHeld says why cleanup --slot must not delete now: a child or
+// partition the publication does not cover (its rows were never streamed:
+// they stay until a relay adds it and publishes them), or one that joined
+// the table since the relay last looked (published within a second of its
+// next look).
+func streamedHeld(ctx context.Context, db outbox.Querier, o logical.Options) error {
+	children, err := logical.Uncovered(ctx, db, o)
+	if err != nil {
+		return err
+	}
+	if len(children) > 0 {
+		return logical.UncoveredError(o, children)
+	}
+	fresh, err := logical.NotPublished(ctx, db, o)
+	if err != nil {
+		return err
+	}
+	if len(fresh) > 0 {
+		return &joinedError{slot: o.Slot, tables: fresh}
+	}
+	return nil
 }

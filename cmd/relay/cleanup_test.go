@@ -203,7 +203,7 @@ func TestCleanupOfStreamedRowsWaitsForAnAttachedPartition(t *testing.T) {
 		ALTER TABLE outbox_events ATTACH PARTITION outbox_events_new FOR VALUES FROM ('2000-01-01') TO (MAXVALUE)`)
 	require.NoError(t, err)
 	res := requireSuccess(t, env, "cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m")
-	require.Contains(t, res.stdout, `deleted 0 rows from outbox_events: partitions ["public"."outbox_events_new"] joined it`)
+	require.Contains(t, res.stdout, `deleted 0 rows from outbox_events: tables ["public"."outbox_events_new"] joined it`)
 	require.Len(t, allRowIDs(t, db), 2, "nothing deleted")
 
 	recordPartitions() // as the relay does once it published their rows

@@ -244,6 +244,21 @@ func (t *Table) RecordPartitions(ctx context.Context, q Querier, slot, keys stri
 	return nil
 }
 
+// LockPartitions reads what slot's progress records of the partitions (nil:
+// nothing, or no row) and locks the row until tx ends: a record written
+// in tx after it is based on what it read, whatever another relay wrote.
+func (t *Table) LockPartitions(ctx context.Context, tx pgx.Tx, slot string) (*string, error) {
+	var keys *string
+	err := tx.QueryRow(ctx, t.progress(lockPartitionsSQL), slot).Scan(&keys)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, t.classify(fmt.Errorf("reading the partitions published in %s: %w", t.ProgressTable(), err))
+	}
+	return keys, nil
+}
+
 // LocalTimeSkew is how much older than it is a row of a `timestamp without
 // time zone` created_at can look: such a column holds the wall time of the
 // writer's session TimeZone, which the relay reads as UTC, and zones run
@@ -504,8 +519,12 @@ func (e *YoungProgressError) Error() string {
 // While a stream reset waits for a replay it deletes nothing and returns a
 // ResetsPendingError: the replay of that source republishes every row
 // created before the reset's end.
+//
+// beforeBatch, when given, runs before each batch: an error stops the
+// deletes there and is returned (what the caller must check again while
+// the deletes run, as tables that join the outbox table).
 func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, retention, margin time.Duration,
-	batchSize int) (int64, time.Time, error) {
+	batchSize int, beforeBatch ...func(context.Context) error) (int64, time.Time, error) {
 	p, ok, err := t.ReadProgress(ctx, q, slot)
 	if err != nil {
 		return 0, time.Time{}, err
@@ -560,6 +579,11 @@ func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, rete
 	}
 	var total int64
 	for {
+		for _, f := range beforeBatch {
+			if err := f(ctx); err != nil {
+				return total, cutoff, err
+			}
+		}
 		tag, err := q.Exec(ctx, t.format(cleanupStreamedSQL, fmt.Sprintf(insertedSinceHorizon, "$3")), cutoff, batchSize, horizon)
 		if err != nil {
 			return total, cutoff, t.classify(fmt.Errorf("deleting streamed rows: %w", err))

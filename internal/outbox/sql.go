@@ -482,6 +482,11 @@ CREATE TABLE IF NOT EXISTS %[15]s (
 	readProgressSQL = `SELECT last_commit, catch_up_pending, coalesce(catch_up_id, 0), xmin_horizon,
 	coalesce(pub_fingerprint, ''), pub_xmin, partitions FROM %[14]s WHERE slot = $1`
 
+	// lockPartitionsSQL (with %[14]s the progress table) reads what slot
+	// $1's progress records of the partitions, and locks its row until the
+	// transaction ends, so that what is written after is based on it.
+	lockPartitionsSQL = `SELECT partitions FROM %[14]s WHERE slot = $1 FOR UPDATE`
+
 	// recordPartitionsSQL (with %[14]s the progress table) records the
 	// partitions of the table whose rows slot $1's relay has published
 	// ($2, logical.PartitionKeys); with $3, only if none are recorded (the

@@ -81,9 +81,9 @@ type Relay struct {
 	// slot's status and progress, before Setup (which creates a missing slot).
 	testHookBeforeSetup func(ctx context.Context)
 
-	// partitionsPublished is what the slot's progress records of the
-	// table's partitions (logical.PartitionKeys), as this relay last read or
-	// wrote it while holding the slot; nil: not read since it took it.
+	// partitionsPublished is what this relay last recorded of the table's
+	// partitions (logical.PartitionKeys) while holding the slot: when they
+	// are the same, nothing joined since; nil: read the record again.
 	partitionsPublished *string
 }
 

@@ -250,7 +250,7 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 	// that joins the table later is new to what is recorded, and its rows
 	// are read then (publishNewPartitions).
 	r.partitionsPublished = nil
-	if err := r.recordPartitions(ctx, opts, true); err != nil {
+	if err := r.recordPartitionsBaseline(ctx, opts); err != nil {
 		return nil, err
 	}
 	if r.testHookBeforeSetup != nil {
@@ -475,47 +475,36 @@ func (r *Relay) publishRowsOf(ctx context.Context, tx pgx.Tx, reader *logical.Re
 	return total, err
 }
 
-// recordPartitions records the table's partitions as published (baseline:
-// only if none are recorded) and keeps what is recorded in
-// partitionsPublished.
-func (r *Relay) recordPartitions(ctx context.Context, opts logical.Options, baseline bool) error {
+// recordPartitionsBaseline records the table's partitions as published
+// if none are recorded: before the slot's first catch-up, which reads them.
+func (r *Relay) recordPartitionsBaseline(ctx context.Context, opts logical.Options) error {
 	parts, err := logical.Partitions(ctx, r.db, opts)
 	if err != nil {
 		return err
 	}
-	keys := logical.PartitionKeys(parts)
-	if err := r.cfg.Table.RecordPartitions(ctx, r.db, r.cfg.Slot, keys, baseline); err != nil {
-		return err
-	}
-	if !baseline {
-		r.partitionsPublished = &keys
-	}
-	return nil
+	return r.cfg.Table.RecordPartitions(ctx, r.db, r.cfg.Slot, logical.PartitionKeys(parts), true)
 }
 
 // forgetPartitions takes the tables out of the record of partitions
-// published.
+// published, as it is in the progress table (locked while it is read and
+// written, so a record another relay wrote is not undone).
 func (r *Relay) forgetPartitions(ctx context.Context, tables []logical.Child) error {
-	if r.partitionsPublished == nil {
-		p, ok, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
-		if err != nil || !ok || p.Partitions == nil {
-			return err
-		}
-		r.partitionsPublished = p.Partitions
-	}
 	oids := make([]int64, 0, len(tables))
 	for _, c := range tables {
 		oids = append(oids, c.OID)
 	}
-	keys := logical.WithoutTables(*r.partitionsPublished, oids)
-	if keys == *r.partitionsPublished {
-		return nil
-	}
-	if err := r.cfg.Table.RecordPartitions(ctx, r.db, r.cfg.Slot, keys, false); err != nil {
-		return err
-	}
-	r.partitionsPublished = &keys
-	return nil
+	return pgtx.Run(ctx, r.db, func(tx pgx.Tx) error {
+		recorded, err := r.cfg.Table.LockPartitions(ctx, tx, r.cfg.Slot)
+		if err != nil || recorded == nil {
+			return err
+		}
+		keys := logical.WithoutTables(*recorded, oids)
+		r.partitionsPublished = nil // read again at the next look
+		if keys == *recorded {
+			return nil
+		}
+		return r.cfg.Table.RecordPartitions(ctx, tx, r.cfg.Slot, keys, false)
+	})
 }
 
 // publishNewPartitions publishes the rows of the partitions that joined
@@ -536,25 +525,26 @@ func (r *Relay) publishNewPartitions(ctx context.Context, opts logical.Options, 
 		return err
 	}
 	keys := logical.PartitionKeys(parts)
-	if r.partitionsPublished == nil {
-		p, ok, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
+	if r.partitionsPublished != nil && keys == *r.partitionsPublished {
+		return nil // as this relay last recorded them: nothing joined since
+	}
+	// What the progress records, read under its row's lock: another relay
+	// may have written it since this one last did.
+	start := time.Now()
+	total := 0
+	var fresh []logical.Partition
+	err = pgtx.Run(ctx, r.db, func(tx pgx.Tx) error {
+		recorded, err := r.cfg.Table.LockPartitions(ctx, tx, r.cfg.Slot)
 		if err != nil {
 			return err
 		}
-		if !ok || p.Partitions == nil {
-			return r.recordPartitions(ctx, opts, true) // recorded by an earlier version: from now on
+		if recorded == nil {
+			// Recorded by an earlier version: from now on.
+			return r.cfg.Table.RecordPartitions(ctx, tx, r.cfg.Slot, keys, true)
 		}
-		r.partitionsPublished = p.Partitions
-	}
-	if keys == *r.partitionsPublished {
-		return nil
-	}
-	fresh := slices.DeleteFunc(logical.NewPartitions(parts, *r.partitionsPublished), func(p logical.Partition) bool {
-		return slices.ContainsFunc(added, func(c logical.Child) bool { return c.Schema == p.Schema && c.Name == p.Name })
-	})
-	start := time.Now()
-	total := 0
-	err = pgtx.Run(ctx, r.db, func(tx pgx.Tx) error {
+		fresh = slices.DeleteFunc(logical.NewPartitions(parts, *recorded), func(p logical.Partition) bool {
+			return slices.ContainsFunc(added, func(c logical.Child) bool { return c.Schema == p.Schema && c.Name == p.Name })
+		})
 		for _, p := range fresh {
 			n, err := r.publishRowsOf(ctx, tx, reader, p.Schema, p.Name)
 			total += n
