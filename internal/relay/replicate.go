@@ -507,10 +507,11 @@ func (r *Relay) forgetPartitions(ctx context.Context, tables []logical.Child) er
 	})
 }
 
-// publishNewPartitions publishes the rows of the partitions that joined
-// the table since the slot's progress recorded its partitions
-// (logical.NewPartitions): a table attached with rows in it (a backfill,
-// a migration), or a partition made LOGGED again. A publication of the
+// publishNewPartitions publishes the rows of the tables under the table
+// that are new to what the slot's progress records (logical.NewPartitions):
+// a table attached with rows in it (a backfill, a migration), or one made
+// LOGGED again (a rewrite: VACUUM FULL too, whose rows are then published
+// again, duplicates). A publication of the
 // partitioned table covers such a partition from then on, but its earlier
 // rows entered the WAL as another table's, or not at all (UNLOGGED): the
 // slot never streams them. They were all committed before the ATTACH or
@@ -563,8 +564,8 @@ func (r *Relay) publishNewPartitions(ctx context.Context, opts logical.Options, 
 		for _, p := range fresh {
 			names = append(names, p.String())
 		}
-		r.log.Info("Published the rows of partitions that joined the table (attached, or made LOGGED): "+
-			"the slot never streams rows written before", "slot", r.cfg.Slot, "partitions", names, "events", total,
+		r.log.Info("Published the rows of tables new under the table (attached, inherited, made LOGGED or rewritten): "+
+			"the slot may never have streamed rows written before", "slot", r.cfg.Slot, "tables", names, "events", total,
 			"took", time.Since(start).String())
 	}
 	return nil

@@ -116,7 +116,7 @@ RETURNING id::text, created_at`, 100)...)
 	require.Zero(t, countLog(sr.all, "panic:"), "a relay panicked")
 }
 
-var joinedRE = regexp.MustCompile(`msg="Published the rows of partitions that joined[^\n]* events=(\d+)`)
+var joinedRE = regexp.MustCompile(`msg="Published the rows of tables new under the table[^\n]* events=(\d+)`)
 
 // joinedRows counts the rows the relays published from partitions that
 // joined the table.
