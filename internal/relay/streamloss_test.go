@@ -315,10 +315,8 @@ func TestAutoReplayPastItsBoundSaysSo(t *testing.T) {
 // keeps the rows, and a replay by hand puts every event back.
 func TestAutoReplayPastItsBoundLeavesTheResetPending(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	r := b.newRelay(t, Config{BatchSize: 10, AutoReplay: true, AutoReplayMaxWindow: 5 * time.Minute})
 	ids := b.insert(t, 10)
 	b.drain(t, r)
@@ -350,10 +348,8 @@ func TestAutoReplayPastItsBoundLeavesTheResetPending(t *testing.T) {
 // batches, between a batch's XADDs and its commit.)
 func TestAutoReplayWaitsForTheBatchInFlight(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, AutoReplay: true})
 	ids := b.insert(t, 10)
 	b.drain(t, r)
@@ -413,10 +409,8 @@ func TestResetFoundAtShutdownIsRecorded(t *testing.T) {
 // --source LogicalReplication`: ReplayWindow, Created) every event is back.
 func TestStreamResetOfALogicalReplicationRelay(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	before := b.insert(t, 30) // published by the catch-up
 	r := b.newRelay(t, b.replicating(t, Config{BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond}))
 	stop := runInBackground(t, r)
@@ -455,10 +449,8 @@ func TestStreamResetOfALogicalReplicationRelay(t *testing.T) {
 // reproduction). It reads every row kept now.
 func TestStreamResetOfALogicalReplicationRelayCoversRowsCreatedAhead(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	r := b.newRelay(t, b.replicating(t, Config{Slot: "created_ahead", BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond}))
 	stop := runInBackground(t, r)
 	b.waitCaughtUp(t, "created_ahead")
@@ -484,10 +476,8 @@ func TestStreamResetOfALogicalReplicationRelayCoversRowsCreatedAhead(t *testing.
 // replay's window (recorded by the replay), so replaying it puts them back.
 func TestStreamResetAfterAReplayCoversTheReplayedRows(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond})
 	stop := runInBackground(t, r)
 	ids := b.insert(t, 20)
@@ -526,10 +516,8 @@ func TestStreamResetAfterAReplayCoversTheReplayedRows(t *testing.T) {
 // replays it.
 func TestResetFoundByABatchIsRecordedAtOnce(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: time.Hour})
 	runInBackground(t, r)
 	b.insert(t, 20)
@@ -552,10 +540,8 @@ func TestResetFoundByABatchIsRecordedAtOnce(t *testing.T) {
 // (One machine has one clock: the test moves the detection back by 10 s.)
 func TestResetWindowEndsOnPostgresClock(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
 	ids := b.insert(t, 20)
 	b.drain(t, r)
@@ -650,14 +636,22 @@ func TestStreamResetWindowCoversAGroupThatStartsOver(t *testing.T) {
 	b.requireResetReplayedFrom(t, r, old, ids)
 }
 
+// resettableBundle sets up a bundle on a Redis of its own (a test may lose
+// its stream: FLUSHALL, a restart), with the stream-resets table.
+func resettableBundle(t *testing.T) *testBundle {
+	t.Helper()
+	rs := testenv.StartRedis(t)
+	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	require.NoError(t, b.table.EnsureStreamResetsTable(context.Background(), b.db))
+	return b
+}
+
 // oldStreamDrained sets up a bundle with a stream-resets table, an event
 // published ten minutes ago (oldEntry) and 20 more a relay drained; it
 // returns the relay, when the old event was published and every event's id.
 func oldStreamDrained(t *testing.T) (*testBundle, *Relay, time.Time, []string) {
 	t.Helper()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
-	require.NoError(t, b.table.EnsureStreamResetsTable(context.Background(), b.db))
+	b := resettableBundle(t)
 	oldID, old := b.oldEntry(t, 10*time.Minute)
 	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
 	ids := b.insert(t, 20)
@@ -789,10 +783,8 @@ func TestRedisSwitchedToALaggingReplicaIsFound(t *testing.T) {
 // was a child of Run's): the reset logged and counted, never recorded.
 func TestResetFoundByTheLastBatchAtShutdownIsRecorded(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	var block atomic.Bool
 	held, release := make(chan struct{}, 1), make(chan struct{})
 	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: time.Hour})
@@ -830,10 +822,8 @@ func TestResetFoundByTheLastBatchAtShutdownIsRecorded(t *testing.T) {
 // the relays parked is skipped without a word, as before.
 func TestReplayKeepsTheResetWhenItSkipsRowsNobodyParked(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	r := b.newRelay(t, Config{BatchSize: 10, MaxPayloadBytes: 100_000, StreamCheckInterval: 50 * time.Millisecond})
 	stop := runInBackground(t, r)
 	var bigID, parkedID string
@@ -889,10 +879,8 @@ func TestReplayKeepsTheResetWhenItSkipsRowsNobodyParked(t *testing.T) {
 // before B's commit: B's events lost for good.
 func TestAutoReplayWaitsForAnotherRelaysBatch(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	var paused atomic.Bool
 	a := b.newRelay(t, Config{BatchSize: 10, AutoReplay: true, StreamCheckInterval: 50 * time.Millisecond})
 	a.testHookBeforeClaim = func() {
@@ -951,10 +939,8 @@ func TestResetFoundAtShutdownIsNotReplayedThen(t *testing.T) {
 // and their events were lost with the stream.
 func TestReplayWaitsForABatchInFlight(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	relay := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, StreamCheckInterval: time.Hour})
 	ids := b.insert(t, 10)
 	var res ReplayResult
@@ -1011,10 +997,8 @@ func (b *testBundle) aheadEntry(t *testing.T, d time.Duration) {
 // much earlier.
 func TestResetWindowCoversIDsAheadOfTheClock(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	b.aheadEntry(t, 10*time.Minute)
 	r := b.newRelay(t, Config{BatchSize: 10, InFlight: 1})
 	ids := b.insert(t, 20)
@@ -1129,10 +1113,8 @@ func (h *afterFirstXAdds) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 // detected before it started.
 func TestResetWhileAReplayRunsCoversWhatItAddedBefore(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond})
 	stop := runInBackground(t, r)
 	ids := b.insert(t, 20)
@@ -1146,9 +1128,8 @@ func TestResetWhileAReplayRunsCoversWhatItAddedBefore(t *testing.T) {
 	ids = append(ids, b.insert(t, 1)...) // the relay sees the new stream
 	waitFor(t, "drained again", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 1 })
 
-	opts, err := redis.ParseURL(rs.URL())
-	require.NoError(t, err)
-	replaying := redis.NewClient(opts)
+	opts := *b.rdb.Options() // a client of its own, for the hook
+	replaying := redis.NewClient(&opts)
 	t.Cleanup(func() { _ = replaying.Close() })
 	replaying.AddHook(&afterFirstXAdds{fn: func() {
 		require.NoError(t, b.rdb.FlushAll(ctx).Err()) // the second reset
@@ -1177,10 +1158,8 @@ func TestResetWhileAReplayRunsCoversWhatItAddedBefore(t *testing.T) {
 // reset again.
 func TestResetFoundAtShutdownWhoseRecordFailsIsFoundAgain(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	b := setup(t, bundleOpts{redisURL: rs.URL()})
+	b := resettableBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	looking := Config{BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond}
 	stop := runInBackground(t, b.newRelay(t, looking))
 	b.insert(t, 20)
