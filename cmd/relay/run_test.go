@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -326,4 +327,28 @@ func TestRunWakesOnNotify(t *testing.T) {
 		require.Equal(t, ids[0], entries[i-1]["event_id"])
 	}
 	sigterm(t, r.relayProc)
+}
+
+// TestRunStoppedMidClaimLogsNoFailure: a SIGTERM that cuts off a claim
+// stops the relay without a "Relay pass failed" warning, an error counted
+// or a retry: the claim was rolled back because the relay stops, not
+// because a server failed. The relay polls an empty table every
+// millisecond, so a claim is in flight when the signal comes most of the
+// time; five relays make a miss unlikely.
+func TestRunStoppedMidClaimLogsNoFailure(t *testing.T) {
+	t.Parallel()
+	dsn, _ := freshDB(t)
+	redisURL := testenv.Redis(t)
+	for i := range 5 {
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			t.Parallel()
+			r := startRun(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+redisURL),
+				"--stream=stopped-mid-claim", "--poll-interval=1ms", "--busy-poll-interval=1ms")
+			waitUntil(t, r.relayProc, "ready", func() bool { return r.readyz() == http.StatusOK })
+			time.Sleep(200 * time.Millisecond) // many claims
+			sigterm(t, r.relayProc)
+			failed, ok := findLog(r.stderr.String(), "Relay pass failed, retrying")
+			require.False(t, ok, "a stop is not a failure: %v", failed)
+		})
+	}
 }

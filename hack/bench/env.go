@@ -130,6 +130,17 @@ func (e *benchEnv) load(ctx context.Context, n int) error {
 	if err := e.rdb.Del(ctx, stream).Err(); err != nil {
 		return err
 	}
+	// The deleted stream is a new one for the next relay, not a stream
+	// reset of the last relay's: forget what the relays recorded of it, or
+	// each run would begin by finding and recording a reset (a statement of
+	// a quarter of a second on a table of 100,000 dispatched rows).
+	for _, name := range []string{e.table.StreamStateTableName(), e.table.StreamResetsTableName()} {
+		if _, err := e.db.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN
+			IF to_regclass('%[1]s') IS NOT NULL THEN TRUNCATE %[1]s; END IF;
+		END $$`, name)); err != nil {
+			return fmt.Errorf("forgetting the last stream: %w", err)
+		}
+	}
 	if n > 0 {
 		_, err := e.db.Exec(ctx, `INSERT INTO outbox_events (id, event_type, payload, created_at)
 			SELECT gen_random_uuid(), 'order_created', `+payloadSQL+`, now() - interval '1 hour' + g * interval '1 microsecond'
@@ -170,7 +181,7 @@ func (e *benchEnv) rawClaim(ctx context.Context, n, batch, conns int, d outbox.D
 		wg.Go(func() {
 			var frontier outbox.Frontier // where the relay's claims begin, too
 			for {
-				tx, err := e.claimDB.Begin(ctx)
+				tx, err := e.claimDB.Begin(outbox.ForClaims(ctx)) // as the relay's claims
 				if err != nil {
 					errs <- err
 					return

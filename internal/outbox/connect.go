@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,10 +18,33 @@ func PoolConfig(dsn string, s SessionSettings, maxConns int32) (*pgxpool.Config,
 		return nil, fmt.Errorf("parsing DATABASE_URL: %w", err)
 	}
 	s.Apply(&cfg.ConnConfig.Config)
+	if s.WarmAllocator {
+		cfg.PrepareConn = warmForClaims
+	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
 	return cfg, nil
+}
+
+// WarmForClaims acquires n sessions of pool at once for claims (ForClaims),
+// which warms those of a pool of SessionSettings.WarmAllocator that were
+// not yet, and releases them: the relay's claiming sessions, warmed before
+// its first claim instead of one by one on the claims' path. Best effort:
+// a session that cannot be had now is warmed at its first claim.
+func WarmForClaims(ctx context.Context, pool *pgxpool.Pool, n int) {
+	ctx = ForClaims(ctx)
+	conns := make([]*pgxpool.Conn, n)
+	var wg sync.WaitGroup
+	for i := range conns {
+		wg.Go(func() { conns[i], _ = pool.Acquire(ctx) })
+	}
+	wg.Wait()
+	for _, c := range conns {
+		if c != nil {
+			c.Release()
+		}
+	}
 }
 
 // DeleteAllDispatched deletes every row dispatched longer than retention

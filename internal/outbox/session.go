@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-dev/outbox-operator/internal/netdial"
@@ -39,26 +40,65 @@ type SessionSettings struct {
 	// per batch). For the relay's sessions, which run only the claim.
 	StablePlans bool
 
-	// WarmAllocator makes each session allocate and free one 16 MiB value
-	// right after it connects (warmAllocatorSQL), for the relay's sessions,
-	// which claim all the time. A PostgreSQL backend linked with glibc
-	// (the usual Linux build) gets memory blocks of 128 KiB and more from
-	// mmap, returns them at once when the statement ends and takes them
-	// again from the kernel, page by page, at the next claim: on a fresh
-	// session a claim of 500 rows spent about a third of its time in page
-	// faults and zeroing (perf, 2026-12-04), and the claim statement ran
-	// 1.4 to 1.5 times as long as on a session that had once freed a large
-	// block. glibc raises its mmap threshold to the size of a freed mmap
-	// block (up to 32 MiB) and its trim threshold to twice that, so after
-	// this one statement the claims' blocks come from the heap and stay
-	// there. It costs the session one transient 16 MiB allocation; with
-	// another allocator (musl) it does nothing. A failure is ignored.
+	// WarmAllocator makes a session of a pool made by PoolConfig allocate
+	// and free one 16 MiB value (warmAllocatorSQL) the first time it is
+	// acquired for a claim (ForClaims), for the relay's sessions, which
+	// claim all the time. A PostgreSQL backend linked with glibc (the usual
+	// Linux build) gets memory blocks of 128 KiB and more from mmap,
+	// returns them at once when the statement ends and takes them again
+	// from the kernel, page by page, at the next claim: on a fresh session
+	// a claim of 500 rows spent about a third of its time in page faults
+	// and zeroing (perf, 2026-12-04), and the claim statement ran 1.4 to
+	// 1.5 times as long as on a session that had once freed a large block.
+	// glibc raises its mmap threshold to the size of a freed mmap block (up
+	// to 32 MiB) and its trim threshold to twice that, so after this one
+	// statement the claims' blocks come from the heap and stay there. It
+	// costs the session one transient 16 MiB allocation, and the backend
+	// the CPU of faulting its pages in: 100 to 150 ms on the benchmark's
+	// virtual machines, where a page fault is slow, which is why only the
+	// sessions that claim pay it (2026-12-05: warming every session at
+	// connect cost PostgreSQL 4.5 ms per 1,000 events of a 100,000-row
+	// drain). With another allocator (musl) it does nothing. A failure is
+	// ignored: the session claims as it would have.
 	WarmAllocator bool
 }
 
 // warmAllocatorSQL allocates a 16 MiB value in the backend and frees it
 // (WarmAllocator): below glibc's 32 MiB ceiling for the mmap threshold.
-const warmAllocatorSQL = `SELECT length(repeat('x', 16 * 1024 * 1024))`
+// repeat of a 4 KiB string copies it 4,096 times, and octet_length reads the
+// length without scanning the characters (length of a text counts them).
+const warmAllocatorSQL = `SELECT octet_length(repeat(repeat('x', 4096), 4096))`
+
+// warmedKey marks a session in pgconn's CustomData once it ran
+// warmAllocatorSQL.
+const warmedKey = "outbox.warmed"
+
+// forClaimsKey is the context key of ForClaims.
+type forClaimsKey struct{}
+
+// ForClaims marks ctx as that of a claim's acquisition of a session (the
+// relay's Begin of a batch): in a pool of SessionSettings.WarmAllocator, a
+// session acquired with it is warmed first, once.
+func ForClaims(ctx context.Context) context.Context {
+	return context.WithValue(ctx, forClaimsKey{}, true)
+}
+
+// warmForClaims is the pool's PrepareConn for WarmAllocator: it warms a
+// session acquired for a claim that was not warmed yet. The connection is
+// always kept: a failed warm-up leaves a session that claims as before, and
+// a broken one fails its next statement.
+func warmForClaims(ctx context.Context, c *pgx.Conn) (bool, error) {
+	if claims, _ := ctx.Value(forClaimsKey{}).(bool); !claims {
+		return true, nil
+	}
+	data := c.PgConn().CustomData()
+	if _, done := data[warmedKey]; done {
+		return true, nil
+	}
+	data[warmedKey] = true // tried once, whatever the outcome
+	_, _ = c.PgConn().Exec(ctx, warmAllocatorSQL).ReadAll()
+	return true, nil
+}
 
 // stablePlanParams are the planner settings StablePlans sets to off: the plan
 // shapes that are only right when the statistics are. Each is still used
@@ -115,19 +155,5 @@ func (s SessionSettings) Apply(cfg *pgconn.Config) {
 	}
 	if s.TCP != (netdial.TCP{}) {
 		cfg.DialFunc = s.TCP.Dialer(cfg.ConnectTimeout).DialContext
-	}
-	if s.WarmAllocator {
-		next := cfg.AfterConnect
-		cfg.AfterConnect = func(ctx context.Context, c *pgconn.PgConn) error {
-			if next != nil {
-				if err := next(ctx, c); err != nil {
-					return err
-				}
-			}
-			// Best effort: a session that could not run it claims as
-			// before, and a broken one fails its next statement.
-			_, _ = c.Exec(ctx, warmAllocatorSQL).ReadAll()
-			return nil
-		}
 	}
 }

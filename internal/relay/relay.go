@@ -221,6 +221,9 @@ func (r *Relay) pipeline(ctx context.Context, o *ownership) {
 	for range r.cfg.InFlight {
 		p.tokens <- struct{}{}
 	}
+	// Each batch in flight claims on a session of its own: have them
+	// warmed before the first claim (outbox.SessionSettings.WarmAllocator).
+	outbox.WarmForClaims(ctx, r.db, r.cfg.InFlight)
 	var wg sync.WaitGroup
 	wg.Go(func() { r.publisher(p, o) })
 	r.claimer(ctx, p, o)
@@ -323,6 +326,8 @@ func (r *Relay) claimer(ctx context.Context, p *pipe, o *ownership) {
 		switch {
 		case errors.As(err, &over): // rolled back: claimed again at once, fewer rows
 			r.overBudget(over)
+			p.tokens <- struct{}{}
+		case err != nil && ctx.Err() != nil: // stopping: the claim was cut off and rolled back, not failed
 			p.tokens <- struct{}{}
 		case err != nil:
 			if frontier != nil {
@@ -540,7 +545,7 @@ func (r *Relay) runOnce(ctx context.Context) (*result, error) {
 func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Frontier) (*batch, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.batchTimeout())
 	b := &batch{ctx: bctx, cancel: cancel, start: time.Now()}
-	tx, err := r.db.Begin(ctx)
+	tx, err := r.db.Begin(outbox.ForClaims(ctx)) // a session's first claim warms it (SessionSettings.WarmAllocator)
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("beginning batch: %w", err)
