@@ -32,9 +32,7 @@ func testKillBelowTheFrontier(t *testing.T, mode cleanupMode) {
 	const batchSize, inFlight = 100, 2
 
 	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
+	env, stream := caseEnv(t, pg, rs)
 	conn := connect(t, pg.DSN())
 	committed := insertRows(t, conn, `INSERT INTO outbox_events (event_type, payload, created_at)
 SELECT 'fault.frontier', '{"n":' || g || '}', now() - interval '1 hour' + g * interval '1 microsecond'

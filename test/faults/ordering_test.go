@@ -307,9 +307,7 @@ func testOrderingPerKey(t *testing.T, mode cleanupMode) {
 	const conns = 4
 
 	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
+	env, stream := caseEnv(t, pg, rs)
 	conn := connect(t, pg.DSN())
 	mustExec(t, conn, `ALTER TABLE outbox_events ADD COLUMN aggregate_id text`)
 	args := append(append([]string{"--stream", stream, "--ordering", "PerKey", "--key-column", "aggregate_id"}, orderedArgs...),

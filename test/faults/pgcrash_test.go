@@ -32,9 +32,7 @@ func testPostgresCrash(t *testing.T, mode cleanupMode) {
 	const batchSize, inFlight = 100, 2
 
 	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
+	env, stream := caseEnv(t, pg, rs)
 	conn := connect(t, pg.DSN())
 	committed := prefillRows(t, conn, rows)
 	// The rows are on disk before the crash: it must take only what the

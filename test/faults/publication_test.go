@@ -60,9 +60,7 @@ func TestPublicationAlteredWhileStreaming(t *testing.T) {
 	)
 
 	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
+	env, stream := caseEnv(t, pg, rs)
 	conn, rdb := connect(t, pg.DSN()), redisClient(t, rs.URL())
 	args := []string{"--stream", stream, "--source", "LogicalReplication", "--slot", slot,
 		"--batch-size", fmt.Sprint(batchSize), "--poll-interval", "50ms", "--catch-up-margin", "1s"}

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // startTimeout bounds how long a relay may take to serve /healthz.
@@ -31,6 +32,15 @@ const startTimeout = 30 * time.Second
 // relayEnv are the connection strings a relay reads from its environment.
 type relayEnv struct {
 	databaseURL, redisURL string
+}
+
+// caseEnv is the relays' environment on a case's own servers, and the
+// case's stream name, once the default schema is applied.
+func caseEnv(t testing.TB, pg *testenv.PostgresServer, rs *testenv.RedisServer) (relayEnv, string) {
+	t.Helper()
+	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
+	mustRelay(t, env, "schema", "--apply")
+	return env, testenv.Name(t)
 }
 
 // environ is this process's environment without RELAY_* (which would set

@@ -52,9 +52,7 @@ func TestReplicationChildren(t *testing.T) {
 	const batchSize = 100
 
 	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
+	env, stream := caseEnv(t, pg, rs)
 	conn := connect(t, pg.DSN())
 	const parent = "outbox_events"
 	mustExec(t, conn, `ALTER TABLE outbox_events ALTER COLUMN created_at TYPE timestamp`)

@@ -51,9 +51,7 @@ func TestReplicationPartitionsJoining(t *testing.T) {
 	const batchSize = 100
 
 	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
+	env, stream := caseEnv(t, pg, rs)
 	conn := connect(t, pg.DSN())
 	mustExec(t, conn, partitionedOutboxDDL)
 

@@ -37,9 +37,7 @@ func testSigstop(t *testing.T, mode cleanupMode) {
 	const idleInTx, publish = 20 * time.Second, 10 * time.Second
 
 	pg, rs := testenv.StartPostgres(t), testenv.StartRedis(t)
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
+	env, stream := caseEnv(t, pg, rs)
 	conn := connect(t, pg.DSN())
 	committed := insertRows(t, conn, `INSERT INTO outbox_events (event_type, payload, created_at)
 SELECT 'fault.big', repeat(md5(g::text), CASE WHEN g = 1 THEN $2 * 32768 ELSE 32 END), now() + g * interval '1 ms'

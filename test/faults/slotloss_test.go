@@ -33,9 +33,7 @@ func TestLongTransactionsAcrossALostSlot(t *testing.T) {
 	const slot = "faults_long_transactions"
 
 	pg, rs := testenv.StartPostgres(t, testenv.WithPostgresSetting("max_slot_wal_keep_size=1MB")), testenv.StartRedis(t)
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
+	env, stream := caseEnv(t, pg, rs)
 	conn, rdb := connect(t, pg.DSN()), redisClient(t, rs.URL())
 	args := []string{"--stream", stream, "--source", "LogicalReplication", "--slot", slot,
 		"--catch-up-margin", margin.String(), "--batch-size", "100", "--poll-interval", "50ms"}

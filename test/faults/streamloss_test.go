@@ -286,9 +286,7 @@ func TestEvictingRedis(t *testing.T) {
 	t.Parallel()
 	pg := testenv.StartPostgres(t)
 	rs := testenv.StartRedis(t, testenv.WithRedisArgs("--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"))
-	env := relayEnv{databaseURL: pg.DSN(), redisURL: rs.URL()}
-	stream := testenv.Name(t)
-	mustRelay(t, env, "schema", "--apply")
+	env, stream := caseEnv(t, pg, rs)
 	relay := startRelay(t, "A", env, "--stream", stream, "--stream-check-interval", "200ms")
 	const evictionFails = `outbox_relay_redis_check{check="eviction"}`
 	reported := eventually(t, time.Minute, "the eviction risk reported", func() error {
