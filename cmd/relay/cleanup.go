@@ -70,13 +70,18 @@ func newCleanupCommand(c *common) *cobra.Command {
 						n, cutoff.UTC().Format(time.RFC3339), retention, slot, t, time.Since(start).Round(time.Millisecond))
 					return err
 				}
-				hold, err := t.ResetsHold(ctx, db)
+				hold, err := t.ResetsHold(ctx, db, retention)
 				if err != nil {
 					return err
 				}
-				if hold != nil {
+				switch {
+				case hold != nil && hold.Pending:
 					_, _ = fmt.Fprintf(cmd.OutOrStdout(), "keeping the rows dispatched since %s: a stream reset waits for a replay "+
-						"(relay replay --pending; see %s)\n", hold.UTC().Format(time.RFC3339), t.StreamResetsTable())
+						"(relay replay --pending; see %s)\n", hold.Since.UTC().Format(time.RFC3339), t.StreamResetsTable())
+				case hold != nil:
+					_, _ = fmt.Fprintf(cmd.OutOrStdout(), "keeping the rows dispatched since %s: a stream reset was replayed less "+
+						"than %s ago, and a second loss would need them again (see %s)\n",
+						hold.Since.UTC().Format(time.RFC3339), retention, t.StreamResetsTable())
 				}
 				if dropPartitions {
 					dropped, needed, err := t.DropDispatchedPartitions(ctx, db, db, retention)

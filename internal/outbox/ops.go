@@ -404,15 +404,15 @@ func (t *Table) BacklogUpTo(ctx context.Context, q Querier, limit int64) (Backlo
 }
 
 // DeleteDispatched deletes at most limit rows dispatched longer than
-// retention ago, and none dispatched since the earliest window of a stream
-// reset not yet replayed (ResetsHold), in one short statement, and returns
-// how many it deleted. Call it in a loop until it returns fewer than limit.
+// retention ago, and none of what the stream resets hold (ResetsHold), in
+// one short statement, and returns how many it deleted. Call it in a loop
+// until it returns fewer than limit.
 func (t *Table) DeleteDispatched(ctx context.Context, q Querier, retention time.Duration, limit int) (int64, error) {
-	hold, err := t.ResetsHold(ctx, q)
+	hold, err := t.ResetsHold(ctx, q, retention)
 	if err != nil {
 		return 0, err
 	}
-	tag, err := q.Exec(ctx, t.CleanupSQL(), retention.Seconds(), limit, hold)
+	tag, err := q.Exec(ctx, t.CleanupSQL(), retention.Seconds(), limit, hold.holdSince())
 	if err != nil {
 		return 0, t.classify(err)
 	}

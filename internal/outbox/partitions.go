@@ -50,12 +50,12 @@ func (t *Table) DropDispatchedPartitions(ctx context.Context, db pgtx.Beginner, 
 			if _, err := tx.Exec(ctx, "LOCK TABLE "+part+" IN SHARE MODE"); err != nil {
 				return err
 			}
-			hold, err := t.ResetsHold(ctx, tx)
+			hold, err := t.ResetsHold(ctx, tx, retention)
 			if err != nil {
 				return err
 			}
 			check := t.format(partitionDroppableSQL, part)
-			if err := tx.QueryRow(ctx, check, retention.Seconds(), hold).Scan(&drop); err != nil || !drop {
+			if err := tx.QueryRow(ctx, check, retention.Seconds(), hold.holdSince()).Scan(&drop); err != nil || !drop {
 				return err
 			}
 			if _, err := tx.Exec(ctx, "ALTER TABLE "+t.qTable+" DETACH PARTITION "+part); err != nil {

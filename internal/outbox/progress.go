@@ -516,7 +516,8 @@ func (e *YoungProgressError) Error() string {
 // catch-up after a lost slot would read; for a `timestamp without time zone` created_at it is
 // LocalTimeSkew longer, as the catch-up's reach. It returns the rows deleted and the cutoff used.
 // Without a log entry a retention old it deletes nothing: YoungProgressError.
-// While a stream reset waits for a replay it deletes nothing and returns a
+// While a stream reset waits for a replay, or was replayed less than the
+// retention ago (ResetsHold), it deletes nothing and returns a
 // ResetsPendingError: the replay of that source republishes every row
 // created before the reset's end.
 //
@@ -532,9 +533,10 @@ func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, rete
 	if !ok || p.LastCommit == nil {
 		return 0, time.Time{}, fmt.Errorf("%w: %s in %s (has its relay run?)", ErrNoProgress, slot, t.ProgressTable())
 	}
-	if hold, err := t.ResetsHold(ctx, q); err != nil || hold != nil {
+	if hold, err := t.ResetsHold(ctx, q, retention); err != nil || hold != nil {
 		if err == nil {
-			err = &ResetsPendingError{ResetsTable: t.StreamResetsTable(), Since: *hold}
+			err = &ResetsPendingError{ResetsTable: t.StreamResetsTable(), Since: hold.Since, Replayed: !hold.Pending,
+				Retention: retention}
 		}
 		return 0, time.Time{}, err
 	}

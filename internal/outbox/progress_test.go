@@ -191,6 +191,15 @@ func TestDeleteStreamed(t *testing.T) {
 	require.Zero(t, n)
 	_, err = tbl.MarkStreamResetsReplayed(ctx, db, "s", time.Unix(0, 0), time.Now().Add(time.Hour), time.Now().Add(time.Hour))
 	require.NoError(t, err)
+	// Replayed: its rows stay a retention after the replay, for the replay
+	// of a second loss, which reaches back to this one's window.
+	n, _, err = tbl.DeleteStreamed(ctx, db, "s", 90*time.Minute, time.Minute, 100)
+	require.ErrorAs(t, err, &held)
+	require.True(t, held.Replayed)
+	require.ErrorContains(t, err, "was replayed less than 1h30m0s ago")
+	require.Zero(t, n)
+	_, err = db.Exec(ctx, `UPDATE outbox_events_stream_resets SET replayed_at = replayed_at - interval '91 minutes'`)
+	require.NoError(t, err)
 	n, _, err = tbl.DeleteStreamed(ctx, db, "s", 90*time.Minute, time.Minute, 100)
 	require.NoError(t, err)
 	require.EqualValues(t, 5, n, "replayed: the rows 2 to 6 hours old")

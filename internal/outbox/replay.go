@@ -234,13 +234,27 @@ func (t *Table) GroupsBack(ctx context.Context, q Querier, resets []int64) error
 	return nil
 }
 
-// ResetsHold is the start of the earliest window of a stream reset of the
-// table, on any stream, that no replay has covered yet; nil when there is
-// none or no stream-resets table. Cleanup keeps every row a replay of that
-// window would republish, so that a reset nobody replayed yet is not made
-// a loss by the retention. It runs no statement that can fail on a missing
-// table, so it may run inside a transaction.
-func (t *Table) ResetsHold(ctx context.Context, q Querier) (*time.Time, error) {
+// Hold is what cleanup keeps for the stream resets of a table: every row a
+// replay of the earliest window held would republish, those dispatched
+// (or, for a logical replication relay, created) since Since.
+type Hold struct {
+	// Since is the start of the earliest window held.
+	Since time.Time
+	// Pending: a reset among them waits for a replay. Otherwise every one
+	// was replayed less than the retention ago.
+	Pending bool
+}
+
+// ResetsHold is what cleanup with retention keeps for the stream resets of
+// the table, on any stream; nil when nothing or no stream-resets table.
+// It holds the window of a reset that no replay has covered yet, so that
+// the retention does not make a loss of it. And it holds the window of a
+// replay for a retention after the replay ended: the rows it republished
+// were dispatched long before, and a reset found later (Redis lost the
+// replayed entries too) reaches back to the replay's window
+// (RecordStreamReset), whose replay must find them. It runs no statement
+// that can fail on a missing table, so it may run inside a transaction.
+func (t *Table) ResetsHold(ctx context.Context, q Querier, retention time.Duration) (*Hold, error) {
 	var exists bool
 	if err := q.QueryRow(ctx, tableExistsSQL, t.qualified(t.StreamResetsTableName())).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("looking for %s: %w", t.StreamResetsTable(), t.classify(err))
@@ -248,23 +262,44 @@ func (t *Table) ResetsHold(ctx context.Context, q Querier) (*time.Time, error) {
 	if !exists {
 		return nil, nil
 	}
-	var hold *time.Time
-	if err := q.QueryRow(ctx, t.resets(resetsHoldSQL)).Scan(&hold); err != nil {
+	var since *time.Time
+	var pending bool
+	if err := q.QueryRow(ctx, t.resets(resetsHoldSQL), retention.Seconds()).Scan(&since, &pending); err != nil {
 		return nil, fmt.Errorf("reading stream resets from %s: %w", t.StreamResetsTable(), t.classify(err))
 	}
-	return hold, nil
+	if since == nil {
+		return nil, nil
+	}
+	return &Hold{Since: *since, Pending: pending}, nil
+}
+
+// holdSince is the start of what h holds; nil for none.
+func (h *Hold) holdSince() *time.Time {
+	if h == nil {
+		return nil
+	}
+	return &h.Since
 }
 
 // ResetsPendingError is the cleanup by age of a logical replication relay's
-// table refusing while a stream reset waits for a replay: that replay
-// republishes every row created before the reset's end (a row's event may
-// reach the stream hours after the row was created), so no row may go.
+// table refusing while a stream reset waits for a replay, or was replayed
+// less than the retention ago: that replay republishes every row created
+// before the reset's end (a row's event may reach the stream hours after
+// the row was created), so no row may go.
 type ResetsPendingError struct {
 	ResetsTable string    // where the reset is recorded
 	Since       time.Time // the earliest window's start
+	// Replayed: every reset held was replayed, less than Retention ago.
+	Replayed  bool
+	Retention time.Duration
 }
 
 func (e *ResetsPendingError) Error() string {
+	if e.Replayed {
+		return fmt.Sprintf("a stream reset since %s was replayed less than %s ago (see %s): "+
+			"its rows stay a retention after the replay, for the replay of a second loss",
+			e.Since.UTC().Format(time.RFC3339), e.Retention, e.ResetsTable)
+	}
 	return fmt.Sprintf("a stream reset since %s waits for a replay (relay replay --pending; see %s): "+
 		"its rows stay until it is replayed", e.Since.UTC().Format(time.RFC3339), e.ResetsTable)
 }

@@ -397,9 +397,14 @@ DELETE FROM %[14]s WHERE id = $1 AND NOT $2::boolean`
 FROM %[14]s WHERE stream = $1 AND replayed_at IS NULL`
 
 	// resetsHoldSQL (with %[14]s the resets table) is the start of the
-	// earliest window of a reset not yet replayed, of any stream: NULL when
-	// none.
-	resetsHoldSQL = `SELECT min(window_start) FROM %[14]s WHERE replayed_at IS NULL`
+	// earliest window, of any stream, of a reset not yet replayed or of a
+	// replay (a reset marked replayed, or a replay's own record) that ended
+	// less than $1 seconds ago, or began so for one that never ended
+	// ('infinity'): NULL when none; and whether a reset not yet replayed is
+	// among them.
+	resetsHoldSQL = `SELECT min(window_start), coalesce(bool_or(replayed_at IS NULL), false) FROM %[14]s
+WHERE replayed_at IS NULL
+	OR CASE WHEN replayed_at = 'infinity' THEN detected_at ELSE replayed_at END > now() - $1 * interval '1 second'`
 
 	// markStreamResetsReplayedSQL (with %[14]s the resets table) marks the
 	// resets of stream $1 whose window lies within [$2, $3] and that were

@@ -1192,3 +1192,67 @@ func TestResetFoundAtShutdownWhoseRecordFailsIsFoundAgain(t *testing.T) {
 	waitFor(t, "the reset found again and recorded", func() bool { return b.pendingResets(t).Count == 1 })
 	require.NoError(t, stop())
 }
+
+// TestCleanupAfterALateReplayKeepsWhatTheNextResetNeeds: a reset replayed
+// late (its rows dispatched more than the retention before the replay)
+// keeps its rows for a retention after the replay. The replay republished
+// them; if Redis loses those entries too, the second reset's window reaches
+// back to the replay's and its replay must find the rows again. Before,
+// marking the reset replayed released cleanup's hold at once, the next
+// cleanup deleted every row just republished, and the second replay found
+// none (found by a review, 2026-12-05).
+func TestCleanupAfterALateReplayKeepsWhatTheNextResetNeeds(t *testing.T) {
+	t.Parallel()
+	b := resettableBundle(t)
+	ctx := context.Background()
+	const retention = 72 * time.Hour // the default cleanup.retention
+	r := b.newRelay(t, Config{BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond})
+	stop := runInBackground(t, r)
+	ids := b.insert(t, 20)
+	waitFor(t, "drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 20 })
+
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	b.waitPendingReset(t)
+	// Nobody replays it for 100 hours: the dispatch times and the reset's
+	// record move back by as much.
+	_, err := b.db.Exec(ctx, `UPDATE outbox_events SET dispatched_at = dispatched_at - interval '100 hours',
+		created_at = created_at - interval '100 hours'`)
+	require.NoError(t, err)
+	_, err = b.db.Exec(ctx, `UPDATE outbox_events_stream_resets SET window_start = window_start - interval '100 hours',
+		window_end = window_end - interval '100 hours', detected_at = detected_at - interval '100 hours'`)
+	require.NoError(t, err)
+	n, err := b.table.DeleteAllDispatched(ctx, b.db, retention, 1000, nil)
+	require.NoError(t, err)
+	require.Zero(t, n, "cleanup keeps the rows of a reset not replayed")
+
+	first := b.pendingResets(t)
+	res := b.replayRecorded(t, first)
+	require.Equal(t, int64(len(ids)), res.Republished)
+	require.Equal(t, int64(1), res.ResetsReplayed)
+	waitFor(t, "the relay saw the replayed stream", func() bool {
+		r.stream.mu.Lock()
+		defer r.stream.mu.Unlock()
+		return r.stream.known
+	})
+	n, err = b.table.DeleteAllDispatched(ctx, b.db, retention, 1000, nil)
+	require.NoError(t, err)
+	require.Zero(t, n, "cleanup right after the replay deleted rows it had just republished")
+
+	// Redis loses the replayed entries before any consumer read them.
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	second := b.waitPendingReset(t)
+	require.NoError(t, stop())
+	require.False(t, second.WindowStart.After(*first.WindowStart),
+		"the second window %s reaches back to the replay's, %s", second.WindowStart, first.WindowStart)
+	res = b.replayRecorded(t, second)
+	require.Equal(t, int64(len(ids)), res.Republished, "incomplete: %q", res.Incomplete)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+
+	// A retention after the last replay, the rows go.
+	_, err = b.db.Exec(ctx, `UPDATE outbox_events_stream_resets SET replayed_at = replayed_at - interval '73 hours',
+		detected_at = detected_at - interval '73 hours'`)
+	require.NoError(t, err)
+	n, err = b.table.DeleteAllDispatched(ctx, b.db, retention, 1000, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, len(ids), n, "a retention after the replay, cleanup deletes as usual")
+}

@@ -90,12 +90,7 @@ func streamLoss(t *testing.T, c streamLossSpec) {
 		return nil
 	})
 	c.fault(t, rs)
-	detected := eventually(t, time.Minute, "the reset reported", func() error {
-		if relay.metric("outbox_relay_stream_resets_total") < 1 {
-			return fmt.Errorf("no reset counted")
-		}
-		return nil
-	})
+	detected := resetCounted(t, relay, time.Minute, "the reset reported")
 	require.NotZero(t, relay.metric("outbox_relay_stream_reset_window_start_timestamp_seconds"), "the window exported")
 	found := relay
 	if c.afterDetect != nil {
@@ -127,6 +122,18 @@ func streamLoss(t *testing.T, c streamLossSpec) {
 	require.NoError(t, json.Unmarshal([]byte(out), &again), out)
 	require.Zero(t, again.ResetsReplayed, "no reset left pending after the replay")
 	requireNothingLostAfterReplay(t, rdb, stream, prod.committed(), before, rep, detected)
+}
+
+// resetCounted waits until relay counted a stream reset
+// (outbox_relay_stream_resets_total) and returns how long that took.
+func resetCounted(t *testing.T, relay *relayProc, timeout time.Duration, what string) time.Duration {
+	t.Helper()
+	return eventually(t, timeout, what, func() error {
+		if relay.metric("outbox_relay_stream_resets_total") < 1 {
+			return fmt.Errorf("no reset counted: the lost events would stay lost")
+		}
+		return nil
+	})
 }
 
 // replayResets runs the runbook's `relay replay` (args) and requires that
@@ -262,12 +269,7 @@ func TestRedisRestartedWhileNoRelayRan(t *testing.T) {
 	second := startProducers(t, producerConfig{
 		dsn: pg.DSN(), conns: 2, events: events - events/2, rate: sized(1500.0, 3000.0), insert: insertInto("outbox_events"),
 	})
-	detected := eventually(t, time.Minute, "the reset reported", func() error {
-		if relay.metric("outbox_relay_stream_resets_total") < 1 {
-			return fmt.Errorf("no reset counted")
-		}
-		return nil
-	})
+	detected := resetCounted(t, relay, time.Minute, "the reset reported")
 	second.wait(t)
 	waitDrained(t, conn, "outbox_events", 5*time.Minute)
 	relay.stop(t, time.Minute)
@@ -303,12 +305,7 @@ func TestEvictingRedis(t *testing.T) {
 	mustExec(t, conn, `INSERT INTO outbox_events (event_type, payload)
 SELECT 'fault.test', repeat('x', 2048) FROM generate_series(1, $1)`, events)
 	waitDrained(t, conn, "outbox_events", 2*time.Minute)
-	eventually(t, time.Minute, "the eviction reported as a reset", func() error {
-		if relay.metric("outbox_relay_stream_resets_total") < 1 {
-			return fmt.Errorf("no reset counted")
-		}
-		return nil
-	})
+	resetCounted(t, relay, time.Minute, "the eviction reported as a reset")
 	t.Logf("FIGURES %s: events=%d reported_before_publish=true reported_after=%s resets=%s", t.Name(), events, ms(reported),
 		strconv.FormatFloat(relay.metric("outbox_relay_stream_resets_total"), 'f', 0, 64))
 }
@@ -363,12 +360,7 @@ func TestResetWhoseRecordFailsIsFoundAgain(t *testing.T) {
 	mustExec(t, locker, "BEGIN")
 	mustExec(t, locker, "LOCK TABLE outbox_events_stream_resets IN SHARE MODE") // blocks the record's INSERT
 	require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
-	detected := eventually(t, time.Minute, "the reset reported", func() error {
-		if relay.metric("outbox_relay_stream_resets_total") < 1 {
-			return fmt.Errorf("no reset counted")
-		}
-		return nil
-	})
+	detected := resetCounted(t, relay, time.Minute, "the reset reported")
 	time.Sleep(time.Second) // a record or two refused meanwhile
 	relay.stop(t, time.Minute)
 	mustExec(t, locker, "ROLLBACK")
@@ -432,12 +424,7 @@ func TestStreamMadeAgainByANewRelay(t *testing.T) {
 		return nil
 	})
 	a.signal(t, syscall.SIGCONT)
-	detected := eventually(t, 30*time.Second, "A reports the reset", func() error {
-		if a.metric("outbox_relay_stream_resets_total") < 1 {
-			return fmt.Errorf("no reset counted: the lost events would stay lost")
-		}
-		return nil
-	})
+	detected := resetCounted(t, a, 30*time.Second, "A reports the reset")
 	// The count moves as the reset is logged: wait for the line.
 	eventually(t, 10*time.Second, "A logging the reason", func() error {
 		if !strings.Contains(a.out.String(), "it was made again") {
@@ -538,3 +525,70 @@ func trimmingAfterAReset(t *testing.T, workersBack bool) {
 
 // isBusyGroup reports XGROUP CREATE's error for a group that exists.
 func isBusyGroup(err error) bool { return err != nil && strings.Contains(err.Error(), "BUSYGROUP") }
+
+// TestLostAgainAfterALateReplay: FLUSHALL mid-drain; nobody replays the
+// reset for 100 hours (the rows' times and the reset's record are moved
+// back by as much), then `relay replay --pending` puts the events back;
+// the cleanup CronJob runs (`--retention 72h`, the default) before and
+// after the replay; then Redis loses the replayed entries too (FLUSHALL
+// again) and the relay records a second reset, whose window reaches back
+// to the replay's. Asserted: cleanup deleted no row, and after the second
+// `relay replay --pending` nothing is lost. Before, the replay released
+// cleanup's hold while the replayed rows' dispatched_at stayed 100 hours
+// old: the cleanup after it deleted every row, and the second replay found
+// none.
+func TestLostAgainAfterALateReplay(t *testing.T) {
+	t.Parallel()
+	events := sized(3000, 30000)
+	oc := startOutboxCase(t)
+	pg, env, stream, conn, rdb := oc.pg, oc.env, oc.stream, oc.conn, oc.rdb
+	relay := startRelay(t, "A", env, "--stream", stream, "--batch-size", "100", "--stream-check-interval", "200ms")
+	prod := startProducers(t, producerConfig{dsn: pg.DSN(), conns: 2, events: events, rate: sized(1500.0, 3000.0),
+		insert: insertInto("outbox_events")})
+	eventually(t, time.Minute, "a third published", func() error {
+		if p := relay.published(); p < float64(events/3) {
+			return fmt.Errorf("%v published", p)
+		}
+		return nil
+	})
+	require.NoError(t, rdb.FlushAll(t.Context()).Err())
+	detected := resetCounted(t, relay, time.Minute, "the reset reported")
+	prod.wait(t)
+	waitDrained(t, conn, "outbox_events", 5*time.Minute)
+	rows := func() (n int) {
+		require.NoError(t, conn.QueryRow(t.Context(), `SELECT count(*) FROM outbox_events`).Scan(&n))
+		return n
+	}
+	kept := rows()
+
+	mustExec(t, conn, `UPDATE outbox_events SET dispatched_at = dispatched_at - interval '100 hours',
+		created_at = created_at - interval '100 hours'`)
+	mustExec(t, conn, `UPDATE outbox_events_stream_resets SET window_start = window_start - interval '100 hours',
+		window_end = window_end - interval '100 hours', detected_at = detected_at - interval '100 hours'`)
+	out := mustRelay(t, env, "cleanup", "--retention", "72h")
+	require.Contains(t, out, "a stream reset waits for a replay", "cleanup says why it keeps rows")
+	require.Equal(t, kept, rows(), "cleanup deleted rows of a reset not replayed")
+
+	replayArgs := []string{"replay", "--stream", stream, "--pending", "--output", "json"}
+	replayResets(t, env, replayArgs)
+	out = mustRelay(t, env, "cleanup", "--retention", "72h")
+	require.Contains(t, out, "a stream reset was replayed less than 72h0m0s ago", "cleanup says why it keeps rows")
+	require.Equal(t, kept, rows(), "cleanup deleted rows the replay had just republished")
+
+	// The relay looks at the replayed stream, then Redis loses it again.
+	time.Sleep(time.Second)
+	require.NoError(t, rdb.FlushAll(t.Context()).Err())
+	eventually(t, time.Minute, "the second reset recorded", func() error {
+		var n int
+		if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM outbox_events_stream_resets
+			WHERE replayed_at IS NULL`).Scan(&n); err != nil || n == 0 {
+			return fmt.Errorf("%d resets pending (%v)", n, err)
+		}
+		return nil
+	})
+	relay.stop(t, time.Minute)
+	before := checkStream(t, rdb, stream, prod.committed())
+	require.Positive(t, before.Lost, "the second fault lost no entry: the case tests nothing")
+	rep := replayResets(t, env, replayArgs)
+	requireNothingLostAfterReplay(t, rdb, stream, prod.committed(), before, rep, detected)
+}
