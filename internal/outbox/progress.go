@@ -304,9 +304,11 @@ func (t *Table) CatchUpSince(ctx context.Context, q Querier, since *time.Time) (
 // none), or without created_at, from the table and its children, and hands them to fn in
 // pages of at most limit, in the claim's order; it marks nothing. There is
 // no upper bound: a row committed after the snapshot is not read, so the
-// caller takes the snapshot once its slot streams (a row committed after
-// the slot's consistent point is then in the stream, one committed before
-// it in the snapshot). It returns the server's clock at the snapshot
+// caller takes the snapshot once its slot streams and every transaction
+// that had an id by then has ended (a row committed after the slot's
+// consistent point is then in the stream, one committed before it in the
+// snapshot: a commit is in the WAL before it is visible, e.g. while it
+// waits for a synchronous standby). It returns the server's clock at the snapshot
 // (every row committed before it was read) and the oldest transaction
 // then running.
 //

@@ -120,6 +120,17 @@ type StreamReset struct {
 	RunningBelow int64
 }
 
+// NextTransactionID is a transaction id above the id of every transaction
+// that has one now (a full transaction id): it assigns one, to the
+// transaction of its statement (q's, which must be free to take one).
+func (t *Table) NextTransactionID(ctx context.Context, q Querier) (int64, error) {
+	var xid int64
+	if err := q.QueryRow(ctx, nextXactIDSQL).Scan(&xid); err != nil {
+		return 0, fmt.Errorf("reading the next transaction id: %w", t.classify(err))
+	}
+	return xid, nil
+}
+
 // TransactionsEndedBelow reports whether every transaction with an id
 // below xid (a full transaction id) has ended.
 func (t *Table) TransactionsEndedBelow(ctx context.Context, q Querier, xid int64) (bool, error) {

@@ -348,6 +348,12 @@ SELECT rec.window_start, rec.window_end, rec.xid, rec.window_start < s.start FRO
 	// ended.
 	endedBelowSQL = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= $1::bigint`
 
+	// nextXactIDSQL assigns its transaction an id, above every id assigned
+	// before. (A snapshot's xmax is not that: it is one past the latest
+	// transaction that ended, and a transaction still running may have a
+	// larger id.)
+	nextXactIDSQL = `SELECT pg_current_xact_id()::text::bigint`
+
 	// recordStreamResetNoGroupsSQL is recordStreamResetSQL on a table made
 	// by an earlier version that the relay's role may not alter (relay
 	// schema --apply, run by its owner, adds the groups); $5 is the relay's

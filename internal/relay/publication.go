@@ -165,7 +165,7 @@ func (r *Relay) recordPublicationBaseline(ctx context.Context, opts logical.Opti
 }
 
 // waitBelowHoldingSlot waits until every transaction with an id below xid
-// has ended (those running when a catch-up was recorded), keeping the slot
+// has ended (those running when a catch-up began), keeping the slot
 // alive. A minute on, the relay is not ready, with the reason, and logs it
 // once a minute: the catch-up cannot read before (a transaction among them
 // may have inserted rows the slot skipped), and streams nothing meanwhile.
@@ -180,9 +180,10 @@ func (r *Relay) waitBelowHoldingSlot(ctx context.Context, xid int64, reader *log
 			return fmt.Errorf("holding slot %s while waiting for transactions to end: %w", r.cfg.Slot, err)
 		}
 		if time.Since(logged) >= time.Minute {
-			err := fmt.Errorf("a catch-up of slot %s has waited %s for the transactions running when it was recorded "+
-				"to end (one of them may have inserted rows the slot skipped); end the oldest (pg_stat_activity's "+
-				"backend_xid and backend_xmin, and pg_prepared_xacts, in every database of the server)",
+			err := fmt.Errorf("a catch-up of slot %s has waited %s for the transactions running when it began "+
+				"to end (one of them may have inserted rows the slot skipped, or wait for a synchronous standby); "+
+				"end the oldest (pg_stat_activity's backend_xid and backend_xmin, and pg_prepared_xacts, "+
+				"in every database of the server)",
 				r.cfg.Slot, time.Since(start).Round(time.Second))
 			r.setErr(err)
 			r.log.Warn("Catch-up waiting for old transactions", "slot", r.cfg.Slot, "error", err.Error())

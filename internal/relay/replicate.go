@@ -306,10 +306,22 @@ func (r *Relay) catchUpDueNow(ctx context.Context) (*catchUpDue, error) {
 // records the catch-up done, which ends it unless a newer one is due.
 func (r *Relay) catchUp(ctx context.Context, due catchUpDue, reader *logical.Reader) error {
 	start := time.Now()
+	// The slot streams to this relay, so its creation has ended. A
+	// transaction whose commit record lies before the slot's consistent
+	// point is not in the stream, and the snapshot below sees it only once
+	// it has ended: a commit is in the WAL before it is visible (it waits
+	// for a synchronous standby, or for its backend to run again). Each
+	// such transaction had an id by now: wait for all of those to end (and
+	// for those below due.after, older).
+	next, err := r.cfg.Table.NextTransactionID(ctx, r.db)
+	if err != nil {
+		return fmt.Errorf("catching up: %w", err)
+	}
 	if due.after != nil {
-		if err := r.waitBelowHoldingSlot(ctx, *due.after, reader); err != nil {
-			return err
-		}
+		next = max(next, *due.after)
+	}
+	if err := r.waitBelowHoldingSlot(ctx, next, reader); err != nil {
+		return err
 	}
 	since, err := r.cfg.Table.CatchUpSince(ctx, r.db, due.since)
 	if err != nil {

@@ -975,3 +975,133 @@ func TestReplicationPublicationChangeWaitingForASynchronousStandby(t *testing.T)
 	b.waitStream(t, all)
 	require.NoError(t, stop())
 }
+
+// TestReplicationCatchUpWaitsForACommitInTheWALNotYetVisible: a new slot
+// streams the transactions whose commit record is after its consistent
+// point; the catch-up reads the table in a snapshot taken after the slot
+// streams. A commit waiting for a synchronous standby is in the WAL but not
+// yet visible: when its commit record lies between the slot's FULL_SNAPSHOT
+// and CONSISTENT points (it began after the former), the slot skips it, so
+// the catch-up must wait for it to end before its snapshot. Before, it did
+// not: the row was in no stream (found by a review, 2026-12-05). Here the
+// standby acknowledges 3 seconds after the slot streams; the catch-up must
+// not be done before.
+//
+// The two long transactions only hold the slot's creation in its phases so
+// that the producer's commit lands in that window deterministically; on a
+// busy server with synchronous replication, transactions overlapping the
+// creation do the same by themselves.
+func TestReplicationCatchUpWaitsForACommitInTheWALNotYetVisible(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgres(t)
+	b := setup(t, bundleOpts{dsn: pg.DSN()})
+	ctx := context.Background()
+	cfg := b.replicating(t, Config{Slot: "relay_syncrep_create", BatchSize: 10, CatchUpMargin: time.Second})
+	before := b.insertNow(t, 2)
+
+	// A synchronous standby that has not acknowledged yet. Only sessions
+	// with synchronous_commit = on wait (the test server runs with off).
+	b.exec(t, `ALTER SYSTEM SET synchronous_standby_names = 'nosuch'`)
+	b.exec(t, `SELECT pg_reload_conf()`)
+	t.Cleanup(func() {
+		_, _ = b.db.Exec(context.Background(), `ALTER SYSTEM RESET synchronous_standby_names`)
+		_, _ = b.db.Exec(context.Background(), `SELECT pg_reload_conf()`)
+	})
+
+	conn := func() *pgx.Conn {
+		c, err := pgx.Connect(ctx, pg.DSN())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		return c
+	}
+	begin := func(c *pgx.Conn) (pgx.Tx, int) {
+		tx, err := c.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `SELECT pg_current_xact_id()`)
+		require.NoError(t, err)
+		var pid int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+		return tx, pid
+	}
+	creationWaitsFor := func(pid int) func() bool {
+		return func() bool {
+			var ok bool
+			err := b.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+				WHERE query LIKE '%pg_create_logical_replication_slot%' AND pid <> pg_backend_pid()
+				AND $1 = ANY (pg_blocking_pids(pid)))`, pid).Scan(&ok)
+			return err == nil && ok
+		}
+	}
+
+	// A transaction running when the relay creates its slot.
+	l1, pid1 := begin(conn())
+	r := b.newRelay(t, cfg)
+	stop := runInBackground(t, r)
+	waitFor(t, "the slot's creation waiting for the first transaction (BUILDING_SNAPSHOT)", creationWaitsFor(pid1))
+
+	// One that begins meanwhile: the creation's next phase waits for it.
+	l2, pid2 := begin(conn())
+	require.NoError(t, l1.Rollback(ctx))
+	waitFor(t, "the slot's creation waiting for the second transaction (FULL_SNAPSHOT)", creationWaitsFor(pid2))
+
+	// A producer commits now: its commit record is in the WAL, and it waits
+	// for the standby's acknowledgement, still invisible.
+	pc := conn()
+	producer, err := pc.Begin(ctx)
+	require.NoError(t, err)
+	_, err = producer.Exec(ctx, `SET LOCAL synchronous_commit = on`)
+	require.NoError(t, err)
+	waiting := insertInTx(t, producer, 1)
+	committed := make(chan error, 1)
+	go func() { committed <- producer.Commit(ctx) }()
+	waitFor(t, "the producer's commit waiting for the standby", func() bool {
+		var n int
+		require.NoError(t, b.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'`).Scan(&n))
+		return n == 1
+	})
+
+	// The slot becomes consistent and streams to the relay, whose catch-up
+	// waits for the producer's commit.
+	require.NoError(t, l2.Rollback(ctx))
+	waitFor(t, "the slot streaming", func() bool {
+		var active bool
+		err := b.db.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, cfg.Slot).Scan(&active)
+		return err == nil && active
+	})
+	time.Sleep(3 * time.Second)
+	p, ok, err := b.table.ReadProgress(ctx, b.db, cfg.Slot)
+	require.NoError(t, err)
+	require.True(t, ok && p.CatchUpPending, "the catch-up read the table before a commit in the WAL was visible: %v %+v", ok, p)
+
+	// The standby acknowledges: the producer's row is visible, committed.
+	b.exec(t, `ALTER SYSTEM RESET synchronous_standby_names`)
+	b.exec(t, `SELECT pg_reload_conf()`)
+	select {
+	case err := <-committed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the producer's commit still waits")
+	}
+	var visible int
+	require.NoError(t, b.db.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE id::text = $1`, waiting[0]).Scan(&visible))
+	require.Equal(t, 1, visible, "the producer's row is committed")
+	b.waitCaughtUp(t, cfg.Slot)
+
+	later := b.insertNow(t, 2)
+	b.waitStream(t, slices.Concat(before, later))
+	time.Sleep(2 * time.Second) // anything still on its way
+	require.NoError(t, stop())
+
+	// A relay started again does not find it either (nothing is due).
+	stop = runInBackground(t, b.newRelay(t, cfg))
+	last := b.insertNow(t, 1)
+	b.waitStream(t, last)
+	require.NoError(t, stop())
+
+	seen := map[string]bool{}
+	for _, e := range b.readStream(t, b.stream) {
+		seen[e[FieldEventID]] = true
+	}
+	require.True(t, seen[waiting[0]], "event %s, committed (in the WAL before the new slot's consistent point, "+
+		"visible only after the catch-up's snapshot), is in no stream: lost", waiting[0])
+}

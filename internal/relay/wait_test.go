@@ -101,8 +101,9 @@ func TestWaitReplicasOnRedisCluster(t *testing.T) {
 	ctx := context.Background()
 
 	ids := b.insert(t, 10)
-	b.drain(t, r)
-	require.Zero(t, b.backlog(t))
+	// A replica slower than WaitTimeout (a loaded machine) fails a pass
+	// here: allowed, as every pass after the thaws below.
+	waitPassed(t, r, func() bool { return b.backlog(t) == 0 })
 
 	// The stream's replica cannot acknowledge: nothing commits. Every
 	// pass runs one batch (InFlight 1); a WAIT sent to another master
