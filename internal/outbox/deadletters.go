@@ -39,6 +39,9 @@ type DeadLetter struct {
 	Attempts int `json:"attempts"`
 	// PayloadBytes is the payload's size; nil for a NULL payload.
 	PayloadBytes *int64 `json:"payloadBytes"`
+	// Key is the event's key under ordering PerKey, which its entry
+	// carries; nil for an event of another ordering.
+	Key *string `json:"key,omitempty"`
 	// Payload is read only by ReadDeadLetterPayloads; nil for a NULL
 	// payload or one not read.
 	Payload *string `json:"-"`
@@ -48,6 +51,9 @@ type DeadLetter struct {
 // be ("" when it can): a column that is still NULL.
 func (d DeadLetter) Event() (Event, string) {
 	e := newEvent(deadLetterColumnNames, d.EventID, d.EventType, d.Payload, d.CreatedAt)
+	if d.Key != nil {
+		e.Key, e.keyed = *d.Key, true
+	}
 	if e.Malformed != "" {
 		return e, "malformed row: " + e.Malformed + " of the dead-letter table; set it with UPDATE, then retry"
 	}
@@ -88,12 +94,17 @@ func (f DeadLetterFilter) args() []any {
 	return []any{ids, since, until, limit, f.AfterID}
 }
 
-// classifyDeadLetters maps a missing dead-letter table to its sentinel.
+// classifyDeadLetters maps a missing dead-letter table to its sentinel, and
+// says how to add a column it lacks (made by an earlier version).
 func (t *Table) classifyDeadLetters(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == codeUndefinedTable || pgErr.Code == codeInvalidSchemaName) {
 		return fmt.Errorf("%w: %s (create it with `relay schema --apply`, or apply `relay schema`'s CREATE TABLE for it): %w",
 			ErrDeadLetterTableNotFound, t.DeadLetterTable(), err)
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == codeUndefinedColumn {
+		return fmt.Errorf("%s lacks a column of this version (add it with `relay schema --apply`, run by the table's owner): %w",
+			t.DeadLetterTable(), err)
 	}
 	return err
 }
@@ -121,9 +132,12 @@ func (t *Table) Park(ctx context.Context, tx Querier, stream string, e Event, re
 	if !e.CreatedAt.IsZero() {
 		created = &e.CreatedAt
 	}
-	_, err := tx.Exec(ctx, t.format(parkSQL),
-		nullable(e.ID, e.null[0]), nullable(e.Type, e.null[1]), nullable(e.Payload, e.null[2]),
-		created, stream, reason)
+	sql, args := parkSQL, []any{nullable(e.ID, e.null[0]), nullable(e.Type, e.null[1]), nullable(e.Payload, e.null[2]),
+		created, stream, reason}
+	if e.keyed {
+		sql, args = parkKeyedSQL, append(args, e.Key)
+	}
+	_, err := tx.Exec(ctx, t.format(sql), args...)
 	if err != nil {
 		return fmt.Errorf("parking event %s: %w", e.ID, t.classifyDeadLetters(err))
 	}
@@ -190,7 +204,8 @@ func (t *Table) queryDeadLetters(ctx context.Context, q Querier, sql string, f D
 	var out []DeadLetter
 	for rows.Next() {
 		var d DeadLetter
-		err := rows.Scan(&d.ID, &d.EventID, &d.EventType, &d.CreatedAt, &d.Stream, &d.Reason, &d.ParkedAt, &d.Attempts, &d.PayloadBytes)
+		err := rows.Scan(&d.ID, &d.EventID, &d.EventType, &d.CreatedAt, &d.Stream, &d.Reason, &d.ParkedAt, &d.Attempts,
+			&d.PayloadBytes, &d.Key)
 		if err != nil {
 			return nil, fmt.Errorf("scanning dead letter: %w", err)
 		}

@@ -45,3 +45,31 @@ func TestReadDeadLetterPayloadsLeavesLargeOnesUnread(t *testing.T) {
 	err = tbl.ReadDeadLetterPayloads(ctx, tx, gone, 999)
 	require.ErrorContains(t, err, "read 0 of the 1 parked payloads")
 }
+
+// TestDeadLetterDDLAddsTheKeyColumn: a dead-letter table made before the
+// key column gets it from DeadLetterDDL, and a parked row keeps what it
+// had; applied again, the DDL changes nothing.
+func TestDeadLetterDDLAddsTheKeyColumn(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, tbl.DDL(DDLOptions{}))
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `DROP TABLE outbox_events_dead_letters;
+		CREATE TABLE outbox_events_dead_letters (
+			id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, event_id text NULL, event_type text NULL, payload text NULL,
+			created_at timestamptz NULL, stream text NOT NULL, reason text NOT NULL,
+			parked_at timestamptz NOT NULL DEFAULT now(), attempts integer NOT NULL DEFAULT 1);
+		INSERT INTO outbox_events_dead_letters (event_id, event_type, payload, stream, reason) VALUES ('e1', 't', 'p', 's', 'r')`)
+	require.NoError(t, err)
+	_, err = tbl.ListDeadLetters(ctx, db, DeadLetterFilter{})
+	require.ErrorContains(t, err, "relay schema --apply", "the missing column is named with its fix")
+
+	for range 2 {
+		require.NoError(t, tbl.EnsureDeadLetterTable(ctx, db))
+	}
+	parked, err := tbl.ListDeadLetters(ctx, db, DeadLetterFilter{})
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	require.Equal(t, "e1", *parked[0].EventID)
+	require.Nil(t, parked[0].Key)
+}

@@ -36,6 +36,9 @@ type Event struct {
 	// ClaimKeyed only.
 	Key       string
 	Partition int
+	// keyed: Key was read (a keyed claim; "" is a NULL key then), so a
+	// parked copy keeps it.
+	keyed bool
 
 	// null marks the id, type and payload columns that were NULL, so that a
 	// parked copy keeps NULL rather than an empty string.
@@ -296,7 +299,7 @@ func (s *eventScanner) scan(rows pgx.Rows) (Event, error) {
 	if s.created.Valid {
 		e.CreatedAt = s.created.Time
 	}
-	e.Key, e.Partition = s.key.String, int(s.partition)
+	e.Key, e.Partition, e.keyed = s.key.String, int(s.partition), len(s.dest) > 4
 	return e, nil
 }
 

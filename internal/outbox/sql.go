@@ -206,8 +206,11 @@ CREATE TABLE IF NOT EXISTS %[13]s PARTITION OF %[1]s DEFAULT;`
 
 	// deadLetterDDL creates the table where rows that cannot be published are
 	// parked: a copy of the row (any column may be NULL: a malformed row is
-	// parked too), the stream it was meant for and why it was refused. The
-	// outbox table itself needs no extra column.
+	// parked too), the stream it was meant for and why it was refused, and
+	// the key of an event of ordering PerKey (NULL otherwise), whose entry
+	// carries it. The outbox table itself needs no extra column. A table
+	// made by an earlier version gets the key column (the check first, so
+	// that the usual case takes no lock).
 	deadLetterDDL = `CREATE TABLE IF NOT EXISTS %[11]s (
 	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 	event_id text NULL,
@@ -217,16 +220,27 @@ CREATE TABLE IF NOT EXISTS %[13]s PARTITION OF %[1]s DEFAULT;`
 	stream text NOT NULL,
 	reason text NOT NULL,
 	parked_at timestamptz NOT NULL DEFAULT now(),
-	attempts integer NOT NULL DEFAULT 1
-);`
+	attempts integer NOT NULL DEFAULT 1,
+	key text NULL
+);
+DO $ddl$ BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '%[11]s'::regclass AND NOT attisdropped
+		AND attname = 'key') THEN
+		ALTER TABLE %[11]s ADD COLUMN IF NOT EXISTS key text NULL;
+	END IF;
+END $ddl$;`
 
 	// parkSQL copies one row into the dead-letter table.
 	parkSQL = `INSERT INTO %[11]s (event_id, event_type, payload, created_at, stream, reason)
 VALUES ($1, $2, $3, $4, $5, $6)`
 
+	// parkKeyedSQL is parkSQL for an event whose key was read ($7).
+	parkKeyedSQL = `INSERT INTO %[11]s (event_id, event_type, payload, created_at, stream, reason, key)
+VALUES ($1, $2, $3, $4, $5, $6, $7)`
+
 	// deadLetterColumns is the column list of a parked row; payload is read
 	// only when it is to be published.
-	deadLetterColumns = `id, event_id, event_type, created_at, stream, reason, parked_at, attempts, octet_length(payload)`
+	deadLetterColumns = `id, event_id, event_type, created_at, stream, reason, parked_at, attempts, octet_length(payload), key`
 
 	// listDeadLettersSQL selects parked rows by id ($1, empty: any) and
 	// parked_at range ($2, $3: NULL for open), oldest first, at most $4,

@@ -191,7 +191,11 @@ func (r *Relay) republish(ctx context.Context, rdb redis.UniversalClient, page [
 		if add[d.Stream] == nil {
 			add[d.Stream] = newEntries(d.Stream, r.cfg.MaxLen, len(page))
 		}
-		cmds[i] = add[d.Stream].add(ctx, pipe, e.ID, e.Type, e.Payload, "")
+		if d.Key != nil { // the entry of ordering PerKey carries its key, as the relay's did
+			cmds[i] = add[d.Stream].addFields(ctx, pipe, e.ID, e.Type, e.Payload, FieldKey, e.Key)
+		} else {
+			cmds[i] = add[d.Stream].add(ctx, pipe, e.ID, e.Type, e.Payload, "")
+		}
 	}
 	waits := make([]*redis.Cmd, len(pipes))
 	for i, pipe := range pipes {

@@ -524,6 +524,37 @@ func TestReplayOfAKeyedTableKeepsTheKey(t *testing.T) {
 	}
 }
 
+// TestParkedKeyedEventKeepsItsKey: under ordering PerKey every entry
+// carries its event's key, so consumers route by it. An event parked by a
+// PerKey relay (a payload over --max-payload-bytes) keeps its key in the
+// dead-letter table, and `dead-letters retry` publishes it with the key, as
+// the relay would have. Before, the retried entry had no key field.
+func TestParkedKeyedEventKeepsItsKey(t *testing.T) {
+	t.Parallel()
+	b, want := keyedBundle(t, 10, 2)
+	ctx := context.Background()
+	var big string
+	require.NoError(t, b.db.QueryRow(ctx, `INSERT INTO outbox_events (event_type, payload, aggregate_id)
+		VALUES ('t', repeat('x', 2048), 'k-big') RETURNING id::text`).Scan(&big))
+	r := b.newRelay(t, Config{Ordering: OrderingPerKey, Partitions: 4, BatchSize: 10, MaxPayloadBytes: 1024,
+		LeaderTimeout: 2 * time.Second, StandbyPoll: 50 * time.Millisecond})
+	stop := runInBackground(t, r)
+	waitFor(t, "drained, the large one parked", func() bool { return b.backlog(t) == 0 && len(b.deadLetters(t)) == 1 })
+	require.NoError(t, stop())
+	parked := b.deadLetters(t)[0]
+	require.NotNil(t, parked.Key)
+	require.Equal(t, "k-big", *parked.Key)
+	requirePerKeyOrder(t, b.readStream(t, b.stream), want)
+
+	res, err := Retry(ctx, b.table, b.db, b.rdb, RetryOptions{Filter: outbox.DeadLetterFilter{}, MaxPayloadBytes: 4096})
+	require.NoError(t, err)
+	require.Equal(t, []int64{parked.ID}, res.Republished)
+	entries := b.readStream(t, b.stream)
+	last := entries[len(entries)-1]
+	require.Equal(t, big, last[FieldEventID])
+	require.Equal(t, "k-big", last[FieldKey], "the retried entry carries its key: %v", last)
+}
+
 // TestReplayPastWhatCleanupKeptSaysSo: a replay whose window starts where
 // the table still holds an older row finds every row of the window; once
 // cleanup has deleted every row older than the window's start, the replay
