@@ -261,7 +261,9 @@ since --since (until --until, default now), or with --pending the windows of the
 resets the relays recorded (condition StreamIntact False). At least once: running it
 twice only duplicates, and consumers dedupe on event_id. For an OutboxRelay of source
 LogicalReplication, which marks no row, the rows created in the window instead, and
-with --pending every row created before the resets' end that cleanup kept.`,
+with --pending every row that cleanup kept; only --pending ends its resets (an event
+reaches the stream any time after its row's created_at, so no window of created_at
+covers a reset).`,
 		example: `  kubectl outbox replay orders --since 2026-12-01T10:00:00Z
   kubectl outbox replay orders --pending
   kubectl outbox replay orders --since 2026-12-01T10:00:00Z --until 2026-12-01T11:00:00Z -o json`,

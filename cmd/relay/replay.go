@@ -178,8 +178,8 @@ func runReplay(cmd *cobra.Command, c *common, o *replayOptions) error {
 		if perr := printReplay(cmd, o.output, res, msg); err == nil {
 			err = perr
 		}
-		for _, w := range []string{res.Incomplete, res.StillRunning} {
-			if w != "" && o.output != outputJSON { // JSON carries them as "incomplete" and "stillRunning"
+		for _, w := range []string{res.Incomplete, res.StillRunning, res.ResetsKept} {
+			if w != "" && o.output != outputJSON { // JSON carries them as "incomplete", "stillRunning" and "resetsKept"
 				_, _ = fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+w)
 			}
 		}

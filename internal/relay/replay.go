@@ -82,6 +82,10 @@ type ReplayResult struct {
 	// replay started had not ended after InFlightWait: a relay's batch
 	// among them that commits later was not replayed.
 	StillRunning string `json:"stillRunning,omitempty"`
+	// ResetsKept, when set, says why the replay marked no reset replayed
+	// though it ended: a replay by created_at (Created) over a bounded
+	// window covers no reset's window.
+	ResetsKept string `json:"resetsKept,omitempty"`
 }
 
 // Replay republishes the rows dispatched (with Created: created) in
@@ -115,6 +119,15 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 		read, by = table.Created, "created_at"
 	}
 	page := outbox.Limit{Rows: cmp.Or(o.BatchSize, DefaultBatchSize), Bytes: cmp.Or(o.BatchBytes, DefaultBatchBytes)}
+	// Resets detected from now on are not marked by this replay: one may
+	// have lost entries it added (its window reaches back to this replay's
+	// by the record made below, before the first page), or entries of a
+	// batch that claimed after the wait below took its transaction id (the
+	// replay neither waits for that batch nor sees its rows).
+	started, err := outbox.Now(ctx, db)
+	if err != nil {
+		return res, fmt.Errorf("replaying %s: %w", o.Stream, err)
+	}
 	if o.InFlightWait > 0 {
 		ended, err := waitRunningNow(ctx, table, db, o.InFlightWait)
 		if err != nil {
@@ -125,13 +138,6 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 				"(see pg_stat_activity): a relay's batch among them that commits later is not in this replay; "+
 				"replay the window again once they have ended", o.InFlightWait)
 		}
-	}
-	// Resets detected from now on are not marked by this replay: one may
-	// have lost entries it added (its window reaches back to this replay's
-	// by the record made here, before the first page).
-	started, err := outbox.Now(ctx, db)
-	if err != nil {
-		return res, fmt.Errorf("replaying %s: %w", o.Stream, err)
 	}
 	record, err := table.RecordReplay(ctx, db, o.Stream, o.Since, o.Until, "replayed: the rows of this window by "+by)
 	if err != nil {
@@ -189,6 +195,16 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 	}
 	if unparked != nil {
 		return res, fmt.Errorf("replaying %s: %w", o.Stream, unparked)
+	}
+	if o.Created && (o.Since.After(time.Unix(0, 0)) || o.Until.Before(noTimeBound)) {
+		// A reset's window is of stream times, and a slot relay streams a
+		// row any time after its created_at (a lag, a catch-up, a long
+		// transaction) or before it (a created_at ahead): no bounded window
+		// of created_at covers the events a reset lost (ReplayWindow).
+		res.ResetsKept = "a replay by created_at over a bounded window marks no stream reset replayed: " +
+			"the events a reset lost may have rows created outside any window; replay with --pending " +
+			"(every row kept) to end the resets"
+		return res, nil
 	}
 	markSince := o.Since
 	if !o.MarkSince.IsZero() {

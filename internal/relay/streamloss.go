@@ -252,10 +252,15 @@ func (r *Relay) reportReset(why string) {
 	default: // already signalled (or no watch loop: a nil channel)
 	}
 	// Logged before it is counted: whoever sees the count finds the line.
+	replay := fmt.Sprintf("relay replay --table %s --stream %s --since %s --until %s", r.cfg.Table, r.cfg.Stream,
+		reset.WindowStart.Format(time.RFC3339), reset.WindowEnd.Add(time.Second).Format(time.RFC3339))
+	if r.cfg.Source == SourceLogicalReplication { // no window of created_at covers it (ReplayWindow)
+		replay = fmt.Sprintf("relay replay --table %s --stream %s --pending --source %s", r.cfg.Table, r.cfg.Stream,
+			SourceLogicalReplication)
+	}
 	r.log.Error("Stream reset: entries the relay added may be lost; replay the window",
 		"reason", why, "windowStart", reset.WindowStart.Format(time.RFC3339), "windowEnd", reset.WindowEnd.Format(time.RFC3339),
-		"replay", fmt.Sprintf("relay replay --table %s --stream %s --since %s --until %s", r.cfg.Table, r.cfg.Stream,
-			reset.WindowStart.Format(time.RFC3339), reset.WindowEnd.Add(time.Second).Format(time.RFC3339)))
+		"replay", replay)
 	m := r.cfg.Metrics.stream
 	m.Resets.Inc()
 	m.LastReset.Set(float64(now.Unix()))

@@ -1256,3 +1256,103 @@ func TestCleanupAfterALateReplayKeepsWhatTheNextResetNeeds(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, len(ids), n, "a retention after the replay, cleanup deletes as usual")
 }
+
+// TestReplayOfAnExplicitCreatedWindowKeepsTheResetPending: a slot relay's
+// reset has a window of stream times, and the relay streams a row any time
+// after its created_at (a lag, a catch-up, a long producer transaction): a
+// replay by created_at over the reset's window (`relay replay --source
+// LogicalReplication --since ... --until ...`, as the relay's log line and
+// the kubectl plugin offered) leaves out rows created before it. It must
+// not mark the reset replayed: it says why (ResetsKept), and a replay of
+// every row kept (--pending) ends it with nothing lost. Before, the reset
+// was marked replayed, and the rows created ten minutes before the window
+// stayed lost (found by two reviews, 2026-12-05).
+func TestReplayOfAnExplicitCreatedWindowKeepsTheResetPending(t *testing.T) {
+	t.Parallel()
+	b := resettableBundle(t)
+	ctx := context.Background()
+	const slot = "explicit_created_window"
+	r := b.newRelay(t, b.replicating(t, Config{Slot: slot, BatchSize: 10, StreamCheckInterval: 50 * time.Millisecond}))
+	stop := runInBackground(t, r)
+	b.waitCaughtUp(t, slot)
+	ids := b.insertIn(t, "UTC", `INSERT INTO outbox_events (event_type, payload, created_at)
+		SELECT 'late', '{}', now() - interval '10 minutes' FROM generate_series(1, 5) RETURNING id::text`)
+	ids = append(ids, b.insertNow(t, 5)...)
+	b.waitStream(t, ids)
+
+	require.NoError(t, b.rdb.FlushAll(ctx).Err())
+	p := b.waitPendingReset(t)
+	require.NoError(t, stop())
+	since := p.WindowStart.Truncate(time.Second)
+	until := p.WindowEnd.Truncate(time.Second).Add(time.Second)
+	res, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: until, Created: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 5, res.Republished, "the rows created in the window")
+	require.Zero(t, res.ResetsReplayed)
+	require.Contains(t, res.ResetsKept, "--pending")
+	require.EqualValues(t, 1, b.pendingResets(t).Count, "the reset still waits for a replay")
+
+	since, until = ReplayWindow(*p.WindowStart, *p.WindowEnd, true)
+	res, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: until, Created: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.ResetsReplayed)
+	require.Empty(t, res.ResetsKept)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
+
+// TestReplayDoesNotMarkAResetFoundDuringItsInFlightWait: a replay waits
+// (InFlightWait) for the transactions running when it starts. A batch
+// that claims after the wait took its transaction id is neither waited for
+// nor seen by the replay's read; if a reset of its entries is recorded
+// while the replay waits (the stream lost again), the replay must leave
+// that reset pending. Before, the replay read its cutoff for the resets it
+// marks after the wait, marked that reset replayed, and the batch's events
+// stayed lost (found by a review, 2026-12-05).
+func TestReplayDoesNotMarkAResetFoundDuringItsInFlightWait(t *testing.T) {
+	t.Parallel()
+	b := resettableBundle(t)
+	ctx := context.Background()
+	relay := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, StreamCheckInterval: time.Hour})
+	ids := b.insert(t, 10)
+
+	// Another relay's batch, in flight when the replay starts.
+	earlier, err := b.db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = earlier.Rollback(ctx) }()
+	_, err = earlier.Exec(ctx, `SELECT pg_current_xact_id()`)
+	require.NoError(t, err)
+
+	var res ReplayResult
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		res, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream,
+			Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Hour), InFlightWait: 30 * time.Second})
+		done <- err
+	}()
+	time.Sleep(500 * time.Millisecond) // the replay took its transaction id and waits
+
+	relay.testHookBeforeCommit = func(context.Context) error {
+		// This batch's entries are in the stream; Redis loses it, and a
+		// relay records the reset, while the replay still waits.
+		require.NoError(t, b.rdb.FlushAll(ctx).Err())
+		_, err := b.table.RecordStreamReset(ctx, b.db, outbox.StreamReset{Stream: b.stream,
+			WindowStart: time.Now().Add(-time.Minute), WindowEnd: time.Now(), Reason: "test: the stream is missing"}, time.Now())
+		require.NoError(t, err)
+		require.NoError(t, earlier.Commit(ctx)) // the replay's wait ends
+		require.NoError(t, <-done)              // it reads, republishes, marks
+		return nil                              // then the batch commits
+	}
+	claimed, err := relay.runOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 10, claimed.claimed)
+	require.Zero(t, res.ResetsReplayed, "a reset recorded during the replay's wait is not the replay's")
+	p := b.pendingResets(t)
+	require.EqualValues(t, 1, p.Count)
+
+	since, until := ReplayWindow(*p.WindowStart, *p.WindowEnd, false)
+	res, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: until})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.ResetsReplayed)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
