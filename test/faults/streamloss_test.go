@@ -52,6 +52,10 @@ type streamLossSpec struct {
 	// cleanupFirst runs `relay cleanup --retention 0s` (what the cleanup
 	// CronJob does, with the shortest retention) before the replay.
 	cleanupFirst bool
+	// windowFirst runs, before the replay with --pending, a replay of the
+	// recorded window given by hand (--since, --until), which must mark no
+	// reset replayed (a slot relay's; rows created outside it are lost too).
+	windowFirst bool
 	// before, when set, runs before the relay starts.
 	before func(t *testing.T, rdb *redis.Client, stream string)
 	// insert is the producers' statement; nil: insertInto("outbox_events").
@@ -110,6 +114,21 @@ func streamLoss(t *testing.T, c streamLossSpec) {
 	if c.cleanupFirst {
 		out := mustRelay(t, env, "cleanup", "--retention", "0s")
 		require.Contains(t, out, "a stream reset waits for a replay", "cleanup says why it keeps rows")
+	}
+
+	if c.windowFirst {
+		var from, to time.Time
+		require.NoError(t, conn.QueryRow(t.Context(), `SELECT min(window_start), max(window_end)
+			FROM outbox_events_stream_resets WHERE replayed_at IS NULL`).Scan(&from, &to))
+		out := mustRelay(t, env, "replay", "--stream", stream, "--source", source, "--output", "json",
+			"--since", from.UTC().Format(time.RFC3339), "--until", to.Add(time.Second).UTC().Format(time.RFC3339))
+		var w struct {
+			ResetsReplayed int64  `json:"resetsReplayed"`
+			ResetsKept     string `json:"resetsKept"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &w), out)
+		require.Zero(t, w.ResetsReplayed, "a replay of the window by created_at ended the reset: %s", out)
+		require.NotEmpty(t, w.ResetsKept, out)
 	}
 
 	// The runbook: replay the recorded window.
@@ -222,6 +241,22 @@ func TestFlushAllMidStreamFromASlot(t *testing.T) {
 func TestFlushAllMidStreamFromASlotWithRowsCreatedAhead(t *testing.T) {
 	t.Parallel()
 	streamLoss(t, streamLossSpec{source: "LogicalReplication", insert: insertAheadSometimes("outbox_events", 2*time.Minute),
+		fault: func(t *testing.T, rs *testenv.RedisServer) {
+			require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
+		}})
+}
+
+// TestFlushAllMidStreamFromASlotReplayedByAWindow: the same, with every
+// other producer transaction's created_at ten minutes behind PostgreSQL's
+// clock (as rows a lagging relay streams late), and the recorded window
+// replayed by hand first (`--since`, `--until`, as the relay's log line
+// suggested before). That replay must leave the reset pending: the rows
+// created before the window were streamed in it and lost. Before, it
+// marked the reset replayed.
+func TestFlushAllMidStreamFromASlotReplayedByAWindow(t *testing.T) {
+	t.Parallel()
+	streamLoss(t, streamLossSpec{source: "LogicalReplication", windowFirst: true,
+		insert: insertAheadSometimes("outbox_events", -10*time.Minute), // behind
 		fault: func(t *testing.T, rs *testenv.RedisServer) {
 			require.NoError(t, redisClient(t, rs.URL()).FlushAll(t.Context()).Err())
 		}})
