@@ -7,6 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/outbox-dev/outbox-operator/internal/controller"
 )
 
 // relayCommand describes one plugin command that runs a relay subcommand.
@@ -143,8 +145,20 @@ status is the relay's: 1 when a check fails.`,
 			fs.Bool("skip-postgres", false, "check Redis only")
 			fs.Bool("skip-redis", false, "check PostgreSQL only")
 		},
-		fixedFlags: streamFlags,
+		fixedFlags: func(r relayRun) []string { return append(streamFlags(r), slotFlags(r)...) },
 	})
+}
+
+// slotFlags name the replication slot of an OutboxRelay of source
+// LogicalReplication (none otherwise), as its relays and cleanup CronJob
+// get it: cleanup deletes by the slot's progress (its rows are never
+// marked dispatched, so cleanup without it deletes nothing), doctor checks
+// the slot.
+func slotFlags(r relayRun) []string {
+	if !r.relay.Spec.ReadsLogicalReplication() {
+		return nil
+	}
+	return []string{"--slot=" + controller.ReplicationSlotName(r.relay)}
 }
 
 func newBacklogCommand(p *plugin) *cobra.Command {
@@ -175,11 +189,16 @@ spec.cleanup.retention and batchSize unless given here. Parked rows are never de
 			fs.Int("batch-size", 0, "rows deleted per statement (default: spec.cleanup.batchSize)")
 			fs.Bool("drop-partitions", false, "first drop partitions whose rows are all dispatched past the retention (needs the table's owner)")
 		},
-		fixedFlags: func(r relayRun) []string {
-			c := r.relay.Spec.Cleanup
-			return []string{"--retention=" + c.GetRetention().String(), fmt.Sprintf("--batch-size=%d", c.GetBatchSize())}
-		},
+		fixedFlags: cleanupFlags,
 	})
+}
+
+// cleanupFlags are the cleanup CronJob's: the retention, the batch size
+// and, for source LogicalReplication, the slot.
+func cleanupFlags(r relayRun) []string {
+	c := r.relay.Spec.Cleanup
+	return append([]string{"--retention=" + c.GetRetention().String(), fmt.Sprintf("--batch-size=%d", c.GetBatchSize())},
+		slotFlags(r)...)
 }
 
 func deadLetterFlags(selecting bool) func(fs *pflag.FlagSet) {

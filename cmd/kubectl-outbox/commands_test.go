@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
+	"github.com/outbox-dev/outbox-operator/internal/controller"
 )
 
 // TestWaitFlags: retry and replay wait for as many replicas as the relays.
@@ -34,6 +35,20 @@ func TestReplayFlags(t *testing.T) {
 	r.relay.Spec.Relay.BatchBytes = ptr.To(resource.MustParse("4Mi"))
 	require.Equal(t, []string{"--stream=orders", "--wait-replicas=1", "--batch-bytes=4194304", "--source=LogicalReplication"},
 		replayFlags(r))
+}
+
+// TestSlotFlags: for source LogicalReplication, whose rows are never marked
+// dispatched, cleanup deletes behind the slot's progress and doctor checks
+// the slot, with the slot the operator names (as the cleanup CronJob).
+func TestSlotFlags(t *testing.T) {
+	r := relayRun{relay: &v1alpha1.OutboxRelay{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}}
+	require.Equal(t, []string{"--retention=72h0m0s", "--batch-size=1000"}, cleanupFlags(r))
+	require.Empty(t, slotFlags(r))
+	r.relay.Spec.Source = v1alpha1.SourceLogicalReplication
+	slot := "--slot=" + controller.ReplicationSlotName(r.relay)
+	require.Equal(t, []string{"--retention=72h0m0s", "--batch-size=1000", slot}, cleanupFlags(r))
+	require.Contains(t, controller.CleanupCronJob(r.relay, "img").Spec.JobTemplate.Spec.Template.Spec.Containers[0].Args, slot,
+		"the CronJob's slot")
 }
 
 // TestBudgetFlags: retry and replay read payloads within the relays' byte
