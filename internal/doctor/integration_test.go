@@ -205,7 +205,10 @@ GRANT SELECT ON bad TO doctor_limited;`)
 	} {
 		require.Equal(t, Fail, r[name].Status, "%s: %s", name, r[name].Message)
 	}
-	require.Equal(t, OK, r["outbox.column.id"].Status)
+	// A bigint id: consumers dedupe on event_id, and such ids repeat across
+	// tables publishing to one stream.
+	require.Equal(t, Warn, r["outbox.column.id"].Status)
+	require.Contains(t, r["outbox.column.id"].Message, "taken for a duplicate")
 
 	// A created-at column that allows NULL: such a row is claimed last.
 	_, err = db.Exec(ctx, `CREATE TABLE nullable_created (LIKE outbox_events INCLUDING DEFAULTS);

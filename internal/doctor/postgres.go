@@ -208,13 +208,24 @@ type columnRule struct {
 	nullable   bool // must not be NOT NULL
 	notNull    bool // should be NOT NULL: a warning otherwise
 	whyNotNull string
+	// unique: the event ids, which consumers dedupe on: a warning for a
+	// type other than uuid (idWarning).
+	unique bool
 }
+
+// idWarning is why an id column of a type other than uuid is a risk: the
+// stream's consumers dedupe on event_id, and ids from a sequence repeat
+// across tables and after the sequence starts again, so an event whose id
+// a consumer saw before is taken for a duplicate and never handled.
+const idWarning = "consumers dedupe on event_id, and ids of this type repeat across tables (and after the sequence " +
+	"starts again, e.g. TRUNCATE ... RESTART IDENTITY): another table's event with the same id, published to the same " +
+	"stream, is taken for a duplicate and never handled"
 
 // ColumnChecks: one check per configured column: exists, usable type.
 func ColumnChecks(f PostgresFacts, c outbox.Columns) Report {
 	timestamps := []string{"timestamp", "timestamptz"}
 	rules := []columnRule{
-		{flag: "--id-column", name: c.ID, want: "any type that casts to text"},
+		{flag: "--id-column", name: c.ID, want: "any type that casts to text", unique: true},
 		{flag: "--event-type-column", name: c.EventType, types: []string{"text", "varchar", "bpchar"}, want: "text or varchar"},
 		{flag: "--payload-column", name: c.Payload, types: []string{"text", "varchar", "jsonb", "json"}, want: "text, jsonb or json"},
 		{flag: "--created-at-column", name: c.CreatedAt, types: timestamps, want: "timestamp or timestamptz", notNull: true,
@@ -237,6 +248,10 @@ func ColumnChecks(f PostgresFacts, c outbox.Columns) Report {
 		case rule.nullable && col.NotNull:
 			ch.Status, ch.Message = Fail, fmt.Sprintf("column %q is NOT NULL; NULL is what marks a row pending.", rule.name)
 			ch.Fix = fmt.Sprintf("ALTER TABLE ... ALTER COLUMN %q DROP NOT NULL.", rule.name)
+		case rule.unique && col.Base != "uuid":
+			ch.Status, ch.Message = Warn, fmt.Sprintf("column %q is %s: %s.", rule.name, col.Type, idWarning)
+			ch.Fix = "give every table that publishes to this stream its own stream, or ids unique across all of them " +
+				"(uuid, the default layout's: DEFAULT gen_random_uuid())."
 		case rule.notNull && !col.NotNull:
 			ch.Status, ch.Message = Warn, fmt.Sprintf("column %q allows NULL: %s.", rule.name, rule.whyNotNull)
 			ch.Fix = fmt.Sprintf("ALTER TABLE ... ALTER COLUMN %q SET DEFAULT now(), ALTER COLUMN %q SET NOT NULL "+

@@ -37,7 +37,10 @@
 //   - When PostgreSQL cannot record the event (connection lost, the table
 //     missing), the entry is not at fault: the consumer retries it with
 //     exponential backoff and reports itself not ready (Ready) meanwhile.
-//     Redis errors are retried the same way.
+//     Redis errors are retried the same way. A consumer stopped meanwhile
+//     leaves the entry pending, and each reclaim counts as a delivery (Redis
+//     counts them): after MaxDeliveries restarts during one outage the entry
+//     is dead-lettered unhandled.
 //
 // # Shutdown
 //
