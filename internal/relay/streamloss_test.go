@@ -492,11 +492,7 @@ func TestStreamResetAfterAReplayCoversTheReplayedRows(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(len(ids)), res.Republished)
 	require.Equal(t, int64(1), res.ResetsReplayed)
-	waitFor(t, "the relay saw the replayed stream", func() bool {
-		r.stream.mu.Lock()
-		defer r.stream.mu.Unlock()
-		return r.stream.known
-	})
+	waitStreamKnown(t, r)
 
 	require.NoError(t, b.rdb.FlushAll(ctx).Err()) // the replayed entries lost in turn
 	p := b.waitPendingReset(t)
@@ -1229,11 +1225,7 @@ func TestCleanupAfterALateReplayKeepsWhatTheNextResetNeeds(t *testing.T) {
 	res := b.replayRecorded(t, first)
 	require.Equal(t, int64(len(ids)), res.Republished)
 	require.Equal(t, int64(1), res.ResetsReplayed)
-	waitFor(t, "the relay saw the replayed stream", func() bool {
-		r.stream.mu.Lock()
-		defer r.stream.mu.Unlock()
-		return r.stream.known
-	})
+	waitStreamKnown(t, r)
 	n, err = b.table.DeleteAllDispatched(ctx, b.db, retention, 1000, nil)
 	require.NoError(t, err)
 	require.Zero(t, n, "cleanup right after the replay deleted rows it had just republished")
@@ -1355,4 +1347,15 @@ func TestReplayDoesNotMarkAResetFoundDuringItsInFlightWait(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, res.ResetsReplayed)
 	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
+
+// waitStreamKnown waits until r has looked at its stream (a replayed one,
+// say) and knows it.
+func waitStreamKnown(t *testing.T, r *Relay) {
+	t.Helper()
+	waitFor(t, "the relay saw the replayed stream", func() bool {
+		r.stream.mu.Lock()
+		defer r.stream.mu.Unlock()
+		return r.stream.known
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -150,6 +151,20 @@ func resetCounted(t *testing.T, relay *relayProc, timeout time.Duration, what st
 	return eventually(t, timeout, what, func() error {
 		if relay.metric("outbox_relay_stream_resets_total") < 1 {
 			return fmt.Errorf("no reset counted: the lost events would stay lost")
+		}
+		return nil
+	})
+}
+
+// resetRecorded waits until a stream reset waits for a replay in the
+// stream-resets table.
+func resetRecorded(t *testing.T, conn *pgx.Conn, what string) {
+	t.Helper()
+	eventually(t, time.Minute, what, func() error {
+		var n int
+		if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM outbox_events_stream_resets
+			WHERE replayed_at IS NULL`).Scan(&n); err != nil || n == 0 {
+			return fmt.Errorf("%d resets pending (%v)", n, err)
 		}
 		return nil
 	})
@@ -402,14 +417,7 @@ func TestResetWhoseRecordFailsIsFoundAgain(t *testing.T) {
 	require.Contains(t, relay.out.String(), "Could not record a stream reset", "the record failed")
 
 	relay = startRelay(t, "B", env, args...)
-	eventually(t, time.Minute, "the reset found again and recorded", func() error {
-		var n int
-		if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM outbox_events_stream_resets
-			WHERE replayed_at IS NULL`).Scan(&n); err != nil || n == 0 {
-			return fmt.Errorf("%d resets recorded (%v)", n, err)
-		}
-		return nil
-	})
+	resetRecorded(t, conn, "the reset found again and recorded")
 	prod.wait(t)
 	waitDrained(t, conn, "outbox_events", 5*time.Minute)
 	relay.stop(t, time.Minute)
@@ -613,14 +621,7 @@ func TestLostAgainAfterALateReplay(t *testing.T) {
 	// The relay looks at the replayed stream, then Redis loses it again.
 	time.Sleep(time.Second)
 	require.NoError(t, rdb.FlushAll(t.Context()).Err())
-	eventually(t, time.Minute, "the second reset recorded", func() error {
-		var n int
-		if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM outbox_events_stream_resets
-			WHERE replayed_at IS NULL`).Scan(&n); err != nil || n == 0 {
-			return fmt.Errorf("%d resets pending (%v)", n, err)
-		}
-		return nil
-	})
+	resetRecorded(t, conn, "the second reset recorded")
 	relay.stop(t, time.Minute)
 	before := checkStream(t, rdb, stream, prod.committed())
 	require.Positive(t, before.Lost, "the second fault lost no entry: the case tests nothing")
