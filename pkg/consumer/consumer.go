@@ -79,6 +79,10 @@ type Consumer struct {
 	lastErr    atomic.Pointer[error]
 	lastClaim  time.Time
 	groupReady bool
+	// deleted holds the ids of pending entries that XAUTOCLAIM found deleted
+	// from the stream (and removed from the pending list) and that are not
+	// on the dead-letter stream yet.
+	deleted []string
 
 	// testHookBeforeAck, when set, runs after an entry's transaction
 	// committed and before its XACK. Tests use it to kill the consumer at
@@ -248,19 +252,26 @@ func (c *Consumer) ensureGroup(ctx context.Context) error {
 // them with the entry that killed it. Claimed one at a time, an entry's
 // count goes up only when it is the next to run.
 func (c *Consumer) reclaim(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
+	err := c.reportDeleted(cctx) // left over from a pass whose report failed
+	cancel()
+	if err != nil {
+		return err
+	}
 	start := "0-0"
 	for ctx.Err() == nil {
 		// Not cut off by ctx: entries claimed are this consumer's to handle.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
-		msgs, next, err := c.rdb.XAutoClaim(rctx, &redis.XAutoClaimArgs{
-			Stream:   c.cfg.Stream,
-			Group:    c.cfg.Group,
-			Consumer: c.cfg.Consumer,
-			MinIdle:  c.cfg.MinIdle,
-			Start:    start,
-			Count:    1,
-		}).Result()
+		msgs, next, deleted, err := c.xautoclaim(rctx, start)
 		if err != nil {
+			cancel()
+			return err
+		}
+		// Entries deleted from the stream while pending: XAUTOCLAIM has just
+		// removed them from the pending list, so nothing will deliver them
+		// again. They are reported, never dropped in silence.
+		c.deleted = append(c.deleted, deleted...)
+		if err := c.reportDeleted(rctx); err != nil {
 			cancel()
 			return err
 		}
@@ -289,6 +300,59 @@ func (c *Consumer) reclaim(ctx context.Context) error {
 		start = next
 	}
 	return nil
+}
+
+// xautoclaim runs XAUTOCLAIM ... COUNT 1 from start. Besides the entries
+// claimed and the next cursor, it returns the ids of pending entries that
+// were no longer in the stream (trimmed, XDEL): Redis 7 removes those from
+// the pending list and names them in a third element of its reply, which
+// go-redis's XAutoClaim discards. (Redis 6.2 returns them as entries
+// without fields instead, and keeps them pending: they are dead-lettered as
+// malformed.)
+func (c *Consumer) xautoclaim(ctx context.Context, start string) (msgs []redis.XMessage, next string,
+	deleted []string, err error) {
+	reply, err := c.rdb.Do(ctx, "XAUTOCLAIM", c.cfg.Stream, c.cfg.Group, c.cfg.Consumer,
+		c.cfg.MinIdle.Milliseconds(), start, "COUNT", 1).Slice()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	bad := func(what string) error { return fmt.Errorf("XAUTOCLAIM: unexpected reply (%s)", what) } // no payloads in logs
+	if len(reply) < 2 {
+		return nil, "", nil, bad("length")
+	}
+	next, ok := reply[0].(string)
+	if !ok {
+		return nil, "", nil, bad("cursor")
+	}
+	entries, _ := reply[1].([]any)
+	for _, e := range entries {
+		pair, _ := e.([]any)
+		if len(pair) < 1 {
+			continue // a nil entry: nothing to handle
+		}
+		id, ok := pair[0].(string)
+		if !ok {
+			return nil, "", nil, bad("entry id")
+		}
+		xm := redis.XMessage{ID: id, Values: map[string]any{}}
+		if len(pair) > 1 {
+			fields, _ := pair[1].([]any)
+			for i := 0; i+1 < len(fields); i += 2 {
+				k, _ := fields[i].(string)
+				xm.Values[k] = fields[i+1]
+			}
+		}
+		msgs = append(msgs, xm)
+	}
+	if len(reply) > 2 {
+		ids, _ := reply[2].([]any)
+		for _, v := range ids {
+			if id, ok := v.(string); ok {
+				deleted = append(deleted, id)
+			}
+		}
+	}
+	return msgs, next, deleted, nil
 }
 
 // deliveries looks up the delivery count of claimed entries (XAUTOCLAIM

@@ -34,6 +34,13 @@
 //     stream_id and deliveries, and then acknowledged: one poison entry never
 //     blocks the group. An entry without an event_id is dead-lettered at
 //     once.
+//   - An entry deleted from the stream before it was acknowledged (trimmed
+//     past the groups, XDEL) cannot be delivered again, and XAUTOCLAIM
+//     drops it from the pending list: the reclaim pass adds its id to the
+//     dead-letter stream (stream_id and error; event_id, event_type,
+//     payload and deliveries empty, gone with the entry), and a consumer
+//     whose handler failed on an entry no longer in the stream dead-letters
+//     it whole instead of leaving it pending.
 //   - When PostgreSQL cannot record the event (connection lost, the table
 //     missing), the entry is not at fault: the consumer retries it with
 //     exponential backoff and reports itself not ready (Ready) meanwhile.

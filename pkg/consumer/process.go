@@ -40,6 +40,10 @@ func (c *Consumer) handle(ctx context.Context, m Message) {
 		if err != nil {
 			c.setErr(err)
 			if ctx.Err() != nil {
+				if c.goneFromStream(ctx, m) {
+					c.deadLetter(ctx, m, deletedWhilePending+"; stopped before PostgreSQL recorded it: "+err.Error())
+					return
+				}
 				log.Warn("Left an entry pending at shutdown", "error", err.Error())
 				return
 			}
@@ -67,6 +71,9 @@ func (c *Consumer) handle(ctx context.Context, m Message) {
 				c.deadLetter(ctx, m, "permanent error: "+handlerErr.Error())
 			case m.Deliveries >= int64(c.cfg.MaxDeliveries):
 				c.deadLetter(ctx, m, handlerErr.Error())
+			case c.goneFromStream(ctx, m):
+				// Left pending, it would be dropped by the next XAUTOCLAIM.
+				c.deadLetter(ctx, m, deletedWhilePending+"; the handler failed: "+handlerErr.Error())
 			default:
 				log.Warn("Handler failed; the entry stays pending and is retried after minIdle",
 					"error", handlerErr.Error(), "maxDeliveries", c.cfg.MaxDeliveries, "minIdle", c.cfg.MinIdle.String())
@@ -154,6 +161,56 @@ func (c *Consumer) ack(ctx context.Context, m Message) {
 		c.log.Warn("Acknowledging an entry failed; it will be redelivered and skipped", "entryID", m.ID,
 			"eventID", m.EventID, "error", err.Error())
 	}
+}
+
+// deletedWhilePending is the dead-letter reason of an entry removed from
+// the stream (trimmed, XDEL) before it was acknowledged.
+const deletedWhilePending = "deleted from the stream while pending (trimmed or XDEL): nothing can deliver it again"
+
+// goneFromStream says whether the entry is no longer in the stream. Such an
+// entry must not be left pending to be retried: XAUTOCLAIM drops a deleted
+// entry from the pending list (Redis 7), so nothing would ever deliver it
+// again. An error reading the stream says no: the entry stays pending, and
+// the reclaim pass that drops it reports it.
+func (c *Consumer) goneFromStream(ctx context.Context, m Message) bool {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
+	defer cancel()
+	got, err := c.rdb.XRangeN(rctx, c.cfg.Stream, m.ID, m.ID, 1).Result()
+	if err != nil {
+		c.log.Debug("Could not check that a failed entry is still in the stream", "entryID", m.ID, "error", err.Error())
+		return false
+	}
+	return len(got) == 0
+}
+
+// reportDeleted adds to the dead-letter stream the pending entries that
+// XAUTOCLAIM found deleted from the stream: their id, and an error that
+// says so (event_id, event_type, payload and deliveries are gone with the
+// entry, and empty). They are no longer pending, so one that cannot be
+// reported now is kept and reported at the next reclaim pass.
+func (c *Consumer) reportDeleted(ctx context.Context) error {
+	for len(c.deleted) > 0 {
+		id := c.deleted[0]
+		err := c.rdb.XAdd(ctx, &redis.XAddArgs{
+			Stream: c.cfg.DeadLetterStream,
+			Values: []any{
+				FieldEventID, "",
+				FieldEventType, "",
+				FieldPayload, "",
+				FieldError, deletedWhilePending + "; its event was never acknowledged by the group " + c.cfg.Group +
+					": find it by its stream id (relay replay)",
+				FieldStreamID, id,
+				FieldDeliveries, "",
+			},
+		}).Err()
+		if err != nil {
+			return fmt.Errorf("dead-lettering entry %s, deleted from the stream while pending: %w", id, err)
+		}
+		c.log.Error("An entry was deleted from the stream before it was acknowledged; reported on the dead-letter stream",
+			"entryID", id, "reason", deletedWhilePending, "deadLetterStream", c.cfg.DeadLetterStream)
+		c.deleted = c.deleted[1:]
+	}
+	return nil
 }
 
 // deadLetter adds the entry to the dead-letter stream with the reason, then
