@@ -20,6 +20,11 @@ const (
 	// table's inserts, for a while or now (source LogicalReplication); the
 	// relay publishes from the table what the slot skipped meanwhile.
 	ErrorKindPublicationChanged = "publication_changed"
+	// ErrorKindStreamCheck: Redis refused the look at the stream (XINFO
+	// STREAM, XRANGE) that a batch makes before its XADDs, or the watch
+	// between batches (an ACL without them, a proxy that lacks them): a
+	// stream reset, entries that Redis lost, would go unnoticed.
+	ErrorKindStreamCheck = "redis_stream_check"
 )
 
 // The phases of outbox_relay_batch_phase_seconds, in a batch's order.
@@ -102,7 +107,7 @@ func NewMetrics() *Metrics {
 	for _, k := range []string{
 		ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout,
 		ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas, ErrorKindSlotInvalidated,
-		ErrorKindPublicationChanged,
+		ErrorKindPublicationChanged, ErrorKindStreamCheck,
 	} {
 		m.Errors.WithLabelValues(k)
 	}

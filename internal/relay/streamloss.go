@@ -2,7 +2,9 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -98,6 +100,9 @@ type streamGuard struct {
 	aheadMs    int64
 	pending    []outbox.StreamReset
 	resetsSeen int
+	// checksRefused counts the looks at the stream in a row that Redis
+	// refused (streamCheck.refused): the first and every tenth are logged.
+	checksRefused int
 	// found wakes the watch loop when a reset is queued, so that it is
 	// recorded at once: until then it lives only in this process.
 	found chan struct{}
@@ -140,6 +145,51 @@ func (c *streamCheck) ownEntryLost(x *redis.XInfoStream) bool {
 	return compareIDs(c.ownID, x.FirstEntry.ID) >= 0 && compareIDs(c.ownID, x.MaxDeletedEntryID) > 0
 }
 
+// refused returns the error reply with which Redis refused the check (an
+// ACL without +xinfo|stream or +xrange, a proxy that does not support
+// them), nil when it answered or did not answer at all (a network fault,
+// which the batch's XADDs show too). A missing stream is an answer.
+func (c *streamCheck) refused() error {
+	for _, err := range []error{c.info.Err(), c.ownErr()} {
+		var reply redis.Error
+		if err != nil && !isNoSuchKey(err) && errors.As(err, &reply) {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *streamCheck) ownErr() error {
+	if c.own == nil {
+		return nil
+	}
+	return c.own.Err()
+}
+
+// noteRefusedLocked says, at warn level the first time and every tenth in
+// a row, that Redis refused a look at the stream, and counts each: with
+// the check refused, a stream reset goes unnoticed, so the events Redis
+// lost would be lost silently. The caller holds the guard's lock.
+func (r *Relay) noteRefusedLocked(c *streamCheck) {
+	g := &r.stream
+	err := c.refused()
+	if err == nil {
+		if c.info.Err() == nil || isNoSuchKey(c.info.Err()) {
+			g.checksRefused = 0
+		}
+		return
+	}
+	g.checksRefused++
+	r.cfg.Metrics.Errors.WithLabelValues(ErrorKindStreamCheck).Inc()
+	level := slog.LevelDebug
+	if g.checksRefused%10 == 1 {
+		level = slog.LevelWarn
+	}
+	r.log.Log(context.Background(), level, "Cannot look at the stream: Redis refused XINFO STREAM or XRANGE, "+
+		"so a stream reset (entries Redis lost) would go unnoticed and not be replayed; "+
+		"grant the relay's user +xinfo|stream and +xrange", "error", err.Error(), "refusedInARow", g.checksRefused)
+}
+
 // isNoSuchKey reports the XINFO error of a missing stream.
 func isNoSuchKey(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "no such key")
@@ -152,6 +202,7 @@ func isNoSuchKey(err error) bool {
 func (r *Relay) observeLocked(c *streamCheck, added string, n int) {
 	g := &r.stream
 	now := time.Now()
+	r.noteRefusedLocked(c)
 	g.noteIDLocked(added, now)
 	info := c.info
 	missing := isNoSuchKey(info.Err())
