@@ -69,6 +69,7 @@ const (
 	ReasonStreamUsable       = "RedisStreamUsable"
 	ReasonNoConsumerGroup    = "RedisNoConsumerGroup"
 	ReasonConsumerGroupsSeen = "RedisConsumerGroups"
+	ReasonStreamCheckRefused = "RedisStreamCheckRefused"
 )
 
 // Check is one line of the report.

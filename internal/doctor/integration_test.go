@@ -115,6 +115,27 @@ func TestRedisStreamAndGroups(t *testing.T) {
 	require.Equal(t, Fail, got["redis.dead-letter-stream"].Status)
 	require.Equal(t, ReasonWrongType, got["redis.dead-letter-stream"].Reason)
 	require.Contains(t, got["redis.consumer-groups"].Message, "workers (1 consumers, lag 3, pending 2)")
+	require.Equal(t, OK, got["redis.stream-check"].Status, got["redis.stream-check"].Message)
+}
+
+// TestRedisStreamCheckRefused: a user that may XADD but not look at the
+// stream (no +xinfo|stream, or no +xrange) fails redis.stream-check, on a
+// missing stream too: the relay could not see a stream reset.
+func TestRedisStreamCheckRefused(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	admin := redisClient(t, srv.URL(), redisconn.Options{})
+	ctx := context.Background()
+	for user, rule := range map[string]string{"noxinfo": "-xinfo|stream", "noxrange": "-xrange"} {
+		require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", rule).Err())
+		rdb := redisClient(t, "redis://"+user+":pw@"+srv.Addr()+"/0", redisconn.Options{})
+		c := check(t, rdb, "jobs")["redis.stream-check"]
+		require.Equal(t, Fail, c.Status, "%s: %s", user, c.Message)
+		require.Equal(t, ReasonStreamCheckRefused, c.Reason)
+		require.Contains(t, c.Message, "NOPERM")
+		require.Contains(t, c.Fix, "+xinfo|stream and +xrange")
+	}
+	require.Equal(t, OK, check(t, admin, "jobs")["redis.stream-check"].Status)
 }
 
 // TestRedisReplica: a second redis-server with --replicaof shows as an

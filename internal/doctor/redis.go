@@ -42,6 +42,10 @@ type RedisFacts struct {
 	Groups []Group
 	// GroupsErr is why XINFO GROUPS failed.
 	GroupsErr string
+	// StreamCheckErr is the error reply to the look at the stream that the
+	// relay makes before each batch (XINFO STREAM, XRANGE): an ACL or a
+	// proxy that refuses it. A missing stream is no error.
+	StreamCheckErr string
 }
 
 // Group is one consumer group of the stream.
@@ -105,6 +109,9 @@ func GatherRedis(ctx context.Context, rdb redis.UniversalClient, t RedisTarget) 
 		}
 		f.Keys[k] = typ
 	}
+	if t.Stream != "" {
+		f.StreamCheckErr = streamCheckErr(ctx, rdb, t.Stream)
+	}
 	if f.Keys[t.Stream] == "stream" {
 		groups, err := rdb.XInfoGroups(ctx, t.Stream).Result()
 		if err != nil {
@@ -115,6 +122,20 @@ func GatherRedis(ctx context.Context, rdb redis.UniversalClient, t RedisTarget) 
 		}
 	}
 	return f
+}
+
+// streamCheckErr runs the relay's look at the stream, XINFO STREAM and an
+// XRANGE of one entry, and returns the text of the error reply that refused
+// either ("" when both answered, a missing stream included). Redis checks an
+// ACL before the key, so a refusal shows on a missing stream too.
+func streamCheckErr(ctx context.Context, rdb redis.UniversalClient, stream string) string {
+	if err := rdb.XInfoStream(ctx, stream).Err(); err != nil && !strings.Contains(err.Error(), "no such key") {
+		return errText(err)
+	}
+	if err := rdb.XRangeN(ctx, stream, "-", "+", 1).Err(); err != nil {
+		return errText(err)
+	}
+	return ""
 }
 
 // errText is an error's text on one line. Redis errors never hold the
@@ -168,7 +189,7 @@ func RedisChecks(f RedisFacts, t RedisTarget) Report {
 		}
 	}
 	if t.Stream != "" {
-		r = append(r, GroupsCheck(t.Stream, f))
+		r = append(r, StreamCheckCheck(t.Stream, f), GroupsCheck(t.Stream, f))
 	}
 	return r
 }
@@ -375,6 +396,24 @@ func KeyTypeCheck(name, key string, f RedisFacts) Check {
 		c.Message = fmt.Sprintf("%s is a %s, not a stream: every XADD fails with WRONGTYPE.", key, typ)
 		c.Fix = "choose another stream name (--stream, spec.redis.stream), or remove the key if it is a mistake."
 	}
+	return c
+}
+
+// StreamCheckCheck: the relay may look at its stream (XINFO STREAM, XRANGE),
+// which is how it finds a stream reset. Refused, a reset goes unnoticed: the
+// events Redis lost would be lost silently, so it fails.
+func StreamCheckCheck(stream string, f RedisFacts) Check {
+	c := Check{Name: "redis.stream-check"}
+	if f.StreamCheckErr != "" {
+		c.Status, c.Reason = Fail, ReasonStreamCheckRefused
+		c.Message = "XINFO STREAM or XRANGE " + stream + " was refused (" + f.StreamCheckErr + "): the relay could not " +
+			"see a stream reset, so events Redis lost would not be replayed."
+		c.Fix = "grant the relay's user +xinfo|stream and +xrange on " + stream + " (docs/relay.md, ACL users), " +
+			"or connect without a proxy that lacks them."
+		return c
+	}
+	c.Status, c.Reason = OK, ReasonStreamUsable
+	c.Message = "the relay can look at " + stream + " (XINFO STREAM, XRANGE) to find a stream reset."
 	return c
 }
 

@@ -101,8 +101,10 @@ type streamGuard struct {
 	pending    []outbox.StreamReset
 	resetsSeen int
 	// checksRefused counts the looks at the stream in a row that Redis
-	// refused (streamCheck.refused): the first and every tenth are logged.
+	// refused (streamCheck.refused); refusedWarned is when the last of them
+	// was logged at warn level: the first, then at most once a minute.
 	checksRefused int
+	refusedWarned time.Time
 	// found wakes the watch loop when a reset is queued, so that it is
 	// recorded at once: until then it lives only in this process.
 	found chan struct{}
@@ -166,10 +168,11 @@ func (c *streamCheck) ownErr() error {
 	return c.own.Err()
 }
 
-// noteRefusedLocked says, at warn level the first time and every tenth in
-// a row, that Redis refused a look at the stream, and counts each: with
-// the check refused, a stream reset goes unnoticed, so the events Redis
-// lost would be lost silently. The caller holds the guard's lock.
+// noteRefusedLocked says, at warn level the first time in a row and then at
+// most once a minute, that Redis refused a look at the stream, and counts
+// each: with the check refused, a stream reset goes unnoticed, so the
+// events Redis lost would be lost silently. The caller holds the guard's
+// lock.
 func (r *Relay) noteRefusedLocked(c *streamCheck) {
 	g := &r.stream
 	err := c.refused()
@@ -181,9 +184,9 @@ func (r *Relay) noteRefusedLocked(c *streamCheck) {
 	}
 	g.checksRefused++
 	r.cfg.Metrics.Errors.WithLabelValues(ErrorKindStreamCheck).Inc()
-	level := slog.LevelDebug
-	if g.checksRefused%10 == 1 {
-		level = slog.LevelWarn
+	level, now := slog.LevelDebug, time.Now()
+	if g.checksRefused == 1 || now.Sub(g.refusedWarned) >= time.Minute {
+		level, g.refusedWarned = slog.LevelWarn, now
 	}
 	r.log.Log(context.Background(), level, "Cannot look at the stream: Redis refused XINFO STREAM or XRANGE, "+
 		"so a stream reset (entries Redis lost) would go unnoticed and not be replayed; "+
