@@ -370,6 +370,24 @@ func (b Backlog) Age(now time.Time) time.Duration {
 	return max(now.Sub(*b.Oldest), 0)
 }
 
+// oldestOf is the oldest created_at of the pending rows as Backlog.Oldest
+// holds it. A timestamp column may hold 'infinity' and '-infinity', which a
+// time.Time cannot: such a row is pending like any other (the claim
+// publishes it), so it must not fail the measurement. -infinity is older
+// than any time: the Unix epoch stands for it, so the backlog counts as
+// stalled. infinity is the minimum only when every pending row is created
+// at infinity: no age yet, as for a row created in the future.
+func oldestOf(v pgtype.Timestamptz) *time.Time {
+	switch {
+	case !v.Valid || v.InfinityModifier == pgtype.Infinity:
+		return nil
+	case v.InfinityModifier == pgtype.NegativeInfinity:
+		epoch := time.Unix(0, 0).UTC()
+		return &epoch
+	}
+	return &v.Time
+}
+
 // Backlog counts the pending rows, finds the oldest and counts the parked
 // ones.
 func (t *Table) Backlog(ctx context.Context, q Querier) (Backlog, error) {
@@ -381,18 +399,20 @@ func (t *Table) Backlog(ctx context.Context, q Querier) (Backlog, error) {
 // every row.
 func (t *Table) BacklogUpTo(ctx context.Context, q Querier, limit int64) (Backlog, error) {
 	var b Backlog
+	var oldest pgtype.Timestamptz
 	var err error
 	if limit > 0 {
-		err = q.QueryRow(ctx, t.BacklogUpToSQL(), limit+1).Scan(&b.Count, &b.Oldest)
+		err = q.QueryRow(ctx, t.BacklogUpToSQL(), limit+1).Scan(&b.Count, &oldest)
 		if b.Count > limit {
 			b.Count, b.Capped = limit, true
 		}
 	} else {
-		err = q.QueryRow(ctx, t.BacklogSQL()).Scan(&b.Count, &b.Oldest)
+		err = q.QueryRow(ctx, t.BacklogSQL()).Scan(&b.Count, &oldest)
 	}
 	if err != nil {
 		return Backlog{}, t.classify(err)
 	}
+	b.Oldest = oldestOf(oldest)
 	if t.columns.Key != "" { // a missing key column shows here, not only in the relays' logs
 		if _, err := q.Exec(ctx, t.format(keyCheckSQL, t.qKey)); err != nil {
 			return Backlog{}, t.classify(err)

@@ -195,3 +195,32 @@ func TestIdentity(t *testing.T) {
 		require.ErrorIs(t, err, ErrTableNotFound, missing)
 	}
 }
+
+// TestBacklogWithInfiniteCreatedAt: a pending row whose created_at is
+// 'infinity' or '-infinity' (a timestamp type's special values) is a row
+// like any other: the claim publishes it, so the backlog must measure it.
+// Before, min(created_at) could not be scanned into a time.Time, every
+// check failed while such a row was pending (the operator's
+// DatabaseUnreachable, its scaling frozen, the backlog unknown).
+func TestBacklogWithInfiniteCreatedAt(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, tbl.DDL(DDLOptions{}))
+	ctx := context.Background()
+
+	_, err := db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES ('a', '1', 'infinity')`)
+	require.NoError(t, err)
+	b, err := tbl.BacklogUpTo(ctx, db, 10)
+	require.NoError(t, err, "a row created at infinity")
+	require.EqualValues(t, 1, b.Count)
+	require.Nil(t, b.Oldest, "a row created at infinity has no age yet")
+	require.Zero(t, b.Age(time.Now()))
+
+	_, err = db.Exec(ctx, `INSERT INTO outbox_events (event_type, payload, created_at) VALUES ('a', '2', '-infinity')`)
+	require.NoError(t, err)
+	b, err = tbl.BacklogUpTo(ctx, db, 10)
+	require.NoError(t, err, "a row created at -infinity")
+	require.EqualValues(t, 2, b.Count)
+	require.NotNil(t, b.Oldest, "a row created at -infinity is older than any")
+	require.Greater(t, b.Age(time.Now()), 24*time.Hour*365)
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-dev/outbox-operator/internal/pgtx"
 )
@@ -469,13 +470,15 @@ func Now(ctx context.Context, q Querier) (time.Time, error) {
 // rows of such transactions. Without a progress row every row counts.
 func (t *Table) BacklogSince(ctx context.Context, q Querier, slot string, limit int64) (Backlog, error) {
 	var b Backlog
+	var oldest pgtype.Timestamptz
 	n := limit + 1
 	if limit <= 0 {
 		n = 1 << 62
 	}
-	if err := q.QueryRow(ctx, t.progress(backlogSinceSQL), slot, n).Scan(&b.Count, &b.Oldest); err != nil {
+	if err := q.QueryRow(ctx, t.progress(backlogSinceSQL), slot, n).Scan(&b.Count, &oldest); err != nil {
 		return Backlog{}, t.classify(err)
 	}
+	b.Oldest = oldestOf(oldest)
 	if limit > 0 && b.Count > limit {
 		b.Count, b.Capped = limit, true
 	}
