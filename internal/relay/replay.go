@@ -50,6 +50,10 @@ type ReplayOptions struct {
 	// payload limits that no relay parked were skipped (their parked copies
 	// were discarded on purpose); without it the replay fails on them.
 	AcceptUnparked bool
+	// KeepResets, when set, says why the replay marks no recorded reset
+	// replayed (ReplayResult.ResetsKept): the automatic replay's wait for
+	// the transactions in flight ended before they did.
+	KeepResets string
 	// InFlightWait, when above 0, makes the replay first wait, at most
 	// that long, for every transaction running when it starts to end: a
 	// relay's batch that added its entries to the lost stream and has not
@@ -204,6 +208,10 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 		res.ResetsKept = "a replay by created_at over a bounded window marks no stream reset replayed: " +
 			"the events a reset lost may have rows created outside any window; replay with --pending " +
 			"(every row kept) to end the resets"
+		return res, nil
+	}
+	if o.KeepResets != "" {
+		res.ResetsKept = o.KeepResets
 		return res, nil
 	}
 	markSince := o.Since

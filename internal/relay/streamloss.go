@@ -641,9 +641,27 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 	// then or not at all.
 	deadline := time.Now().Add(r.batchTimeout() + passSlack)
 	r.open.wait(ctx)
-	_, _ = waitEndedBelow(ctx, r.cfg.Table, r.db, reset.RunningBelow, deadline) // past it, or on an error, replay anyway
+	ended, waitErr := waitEndedBelow(ctx, r.cfg.Table, r.db, reset.RunningBelow, deadline)
 	if ctx.Err() != nil {
 		return // the reset stays pending, for a replay by hand
+	}
+	// Past the deadline, or on an error, it replays anyway, but marks no
+	// reset replayed: a transaction that outlived a batch's deadline on the
+	// server (a COMMIT waiting for a synchronous standby, whose client gave
+	// up) may be a batch whose entries went with the stream, and whose rows
+	// this replay cannot see. The reset stays pending (StreamIntact) for a
+	// replay by hand once it has ended.
+	keep := ""
+	if !ended {
+		keep = "transactions running when the stream reset was recorded had not ended after " +
+			(r.batchTimeout() + passSlack).String() + " (see pg_stat_activity): a relay's batch among them that commits later " +
+			"is not in this replay; the reset stays pending"
+		if waitErr != nil {
+			keep += " (" + waitErr.Error() + ")"
+		}
+		r.log.Error("Automatic replay: transactions running when the stream reset was recorded had not ended; "+
+			"replaying the window without marking the reset replayed, replay it by hand once they have ended",
+			"replay", fmt.Sprintf("relay replay --table %s --stream %s --pending", r.cfg.Table, r.cfg.Stream))
 	}
 	created := r.cfg.Source == SourceLogicalReplication
 	since, until := ReplayWindow(reset.WindowStart, reset.WindowEnd, created)
@@ -662,7 +680,7 @@ func (r *Relay) autoReplay(ctx context.Context, reset outbox.StreamReset) {
 		// The window recorded, not the one a slot's relay reads by
 		// created_at, is what is marked; from the floor, a window that
 		// began before it is not.
-		MarkSince: markSince,
+		MarkSince: markSince, KeepResets: keep,
 	})
 	r.cfg.Metrics.stream.ReplayedEvents.Add(float64(res.Republished))
 	if err != nil {

@@ -1359,3 +1359,59 @@ func waitStreamKnown(t *testing.T, r *Relay) {
 		return r.stream.known
 	})
 }
+
+// TestAutoReplayKeepsTheResetWhenABatchOutlivesItsWait: another relay's
+// batch added its entries to the stream and has not committed when the
+// stream is lost, and its transaction outlives the automatic replay's wait
+// (a COMMIT that waits for a synchronous standby stays in progress on the
+// server, whatever the relay's deadline: its client gave up). The replay
+// cannot see its rows; it used to go on silently and mark the reset
+// replayed, and the batch's events, committed a moment later, were in
+// neither stream with nothing left to say so. The reset now stays pending,
+// with an error, for a replay by hand once that transaction has ended.
+func TestAutoReplayKeepsTheResetWhenABatchOutlivesItsWait(t *testing.T) {
+	t.Parallel()
+	b := resettableBundle(t)
+	ctx := context.Background()
+	var logs syncbuf.Buffer
+	var paused atomic.Bool
+	a := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, PublishTimeout: 200 * time.Millisecond, AutoReplay: true,
+		StreamCheckInterval: 50 * time.Millisecond, Logger: newTestLogger(&logs)})
+	a.testHookBeforeClaim = func() {
+		for paused.Load() {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	stopA := runInBackground(t, a)
+	ids := b.insert(t, 10)
+	waitFor(t, "A drained", func() bool { return b.backlog(t) == 0 && b.streamLen(t) >= 10 })
+	paused.Store(true)
+	time.Sleep(300 * time.Millisecond)
+
+	// The other relay's batch: claimed and marked, its entries added, not
+	// committed.
+	idsB := b.insert(t, 10)
+	tx := b.beginLong(t)
+	events, err := b.table.Claim(ctx, tx, outbox.MarkDispatched, outbox.Rows(10))
+	require.NoError(t, err)
+	require.Len(t, events, 10)
+	for _, e := range events {
+		require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream,
+			Values: []any{FieldEventID, e.ID, FieldEventType, e.Type, FieldPayload, e.Payload}}).Err())
+	}
+	require.NoError(t, b.rdb.FlushAll(ctx).Err()) // its entries go with the rest
+	waitFor(t, "A recorded the reset", func() bool { return b.pendingResets(t).Count >= 1 })
+	waitFor(t, "A's automatic replay ended", func() bool {
+		return strings.Contains(logs.String(), "Replayed the window of a stream reset") ||
+			strings.Contains(logs.String(), "Automatic replay of a stream reset failed")
+	})
+	require.NoError(t, tx.Commit(ctx)) // the batch ends at last
+	paused.Store(false)
+	require.NoError(t, stopA())
+
+	if p := b.pendingResets(t); p.Count == 0 {
+		// Marked replayed: then every event must be in the stream.
+		requireAtLeastOnce(t, b.readStream(t, b.stream), append(ids, idsB...))
+	}
+	require.Contains(t, logs.String(), "had not ended")
+}
