@@ -134,3 +134,47 @@ func TestResetWindowRecordedOnPostgresClock(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamStateKeepsTheLaterView: of two relays that write what they saw
+// of a stream at once (both stopping), the one that looked first may write
+// last. Its older view must not replace the later one: a Redis that then
+// lost the entries between the two would go back to the older last id,
+// which the next relay would take for no reset. Ids compare as numbers,
+// not text; a stream forgotten (seen gone) is written anew whatever its ids.
+func TestStreamStateKeepsTheLaterView(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("app.outbox", Columns{})
+	db := connect(t, tbl.DDL(DDLOptions{}))
+	ctx := context.Background()
+	write := func(id string, added int64, groups ...string) {
+		t.Helper()
+		require.NoError(t, tbl.WriteStreamState(ctx, db, StreamState{Stream: "s", LastID: id, EntriesAdded: added, Groups: groups}))
+	}
+	read := func() StreamState {
+		t.Helper()
+		s, ok, err := tbl.ReadStreamState(ctx, db, "s")
+		require.NoError(t, err)
+		require.True(t, ok)
+		return s
+	}
+
+	write("1700000000000-5", 10)
+	write("1700000000100-2", 20, "workers") // A's later look
+	write("1700000000000-7", 12)            // B's older one, written last
+	got := read()
+	require.Equal(t, "1700000000100-2", got.LastID, "an older view replaced a later one")
+	require.EqualValues(t, 20, got.EntriesAdded)
+
+	write("1700000000100-2", 20, "workers", "audit") // the same id: the groups move on
+	require.Equal(t, []string{"workers", "audit"}, read().Groups)
+	write("1700000000100-10", 21) // seq 10 > 2 as numbers ("10" < "2" as text)
+	require.Equal(t, "1700000000100-10", read().LastID)
+	write("999999999999-0", 22) // fewer digits: an earlier ms as a number
+	require.Equal(t, "1700000000100-10", read().LastID)
+	write("", 0)
+	require.Equal(t, "1700000000100-10", read().LastID, "an empty id is the lowest")
+
+	require.NoError(t, tbl.ForgetStreamState(ctx, db, "s")) // seen gone: the stream made anew starts low
+	write("5-0", 1)
+	require.Equal(t, "5-0", read().LastID)
+}
