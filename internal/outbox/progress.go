@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -538,13 +539,20 @@ func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, rete
 	if !ok || p.LastCommit == nil {
 		return 0, time.Time{}, fmt.Errorf("%w: %s in %s (has its relay run?)", ErrNoProgress, slot, t.ProgressTable())
 	}
-	if hold, err := t.ResetsHold(ctx, q, retention); err != nil || hold != nil {
-		if err == nil {
+	// The resets' hold stops the deletes: checked first and again before
+	// each batch, as a reset recorded while they run holds too.
+	held := func(ctx context.Context) error {
+		hold, err := t.ResetsHold(ctx, q, retention)
+		if err == nil && hold != nil {
 			err = &ResetsPendingError{ResetsTable: t.StreamResetsTable(), Since: hold.Since, Replayed: !hold.Pending,
 				Retention: retention}
 		}
+		return err
+	}
+	if err := held(ctx); err != nil {
 		return 0, time.Time{}, err
 	}
+	beforeBatch = append(slices.Clip(beforeBatch), held)
 	var agedAt, agedCommit time.Time
 	var agedHorizon *int64
 	err = q.QueryRow(ctx, t.progress(agedProgressSQL), slot, retention.Seconds()).Scan(&agedAt, &agedCommit, &agedHorizon)

@@ -205,6 +205,37 @@ func TestDeleteStreamed(t *testing.T) {
 	require.EqualValues(t, 5, n, "replayed: the rows 2 to 6 hours old")
 }
 
+// TestDeleteStreamedStopsAtAResetRecordedMeanwhile: a stream reset recorded
+// while cleanup --slot deletes in batches holds the rest: a slot relay's
+// replay republishes every row created before the window's end, so the
+// next batch must not delete them. The hold was read once, before the first
+// batch.
+func TestDeleteStreamedStopsAtAResetRecordedMeanwhile(t *testing.T) {
+	t.Parallel()
+	tbl := MustNew("", Columns{})
+	db := connect(t, tbl.DDL(DDLOptions{})+`
+		INSERT INTO outbox_events (event_type, payload, created_at)
+			SELECT 't', 'p' || g, now() - g * interval '1 hour' FROM generate_series(1, 10) g;`)
+	ctx := context.Background()
+	require.NoError(t, tbl.EnsureProgressTable(ctx, db))
+	require.NoError(t, tbl.EnsureStreamResetsTable(ctx, db))
+	now, err := Now(ctx, db)
+	require.NoError(t, err)
+	require.NoError(t, tbl.RecordProgress(ctx, db, "s", now, true, nil))
+	logProgress(t, tbl, db, 3*time.Hour, now.Add(-time.Hour))
+
+	batches := 0
+	n, _, err := tbl.DeleteStreamed(ctx, db, "s", 2*time.Hour, time.Minute, 2, func(context.Context) error {
+		if batches++; batches == 2 {
+			recordReset(t, tbl, db, time.Minute) // Redis lost the stream during the deletes
+		}
+		return nil
+	})
+	var held *ResetsPendingError
+	require.ErrorAs(t, err, &held, "deleted %d rows past a reset recorded after the first batch", n)
+	require.EqualValues(t, 2, n, "one batch, then held")
+}
+
 // TestCatchUpEndsOnlyItsOwn: relay A catches up on slot #1; the slot is
 // lost and relay B, making #2, records a catch-up of its own due; B stops
 // before it ends. A's catch-up ending late must leave B's due (its rows,
