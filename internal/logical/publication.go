@@ -65,6 +65,8 @@ type Look struct {
 	// tree is the oids of the table, its partitioned ancestors and its
 	// descendants at the look.
 	tree []int64
+	// table is the table's oid at the look (0: none).
+	table int64
 }
 
 // DropsFrom says whether the fingerprint lacks an entry of old (a
@@ -76,6 +78,13 @@ type Look struct {
 // An entry of a table no longer in the tree (a child dropped, or detached,
 // or no longer inheriting) drops nothing either: that table's rows are not
 // the outbox's any more.
+//
+// But an entry that lists the table itself and is new since old is a
+// break too: the table was listed again, or it is another table than
+// before (swapped in under the name: renamed, or dropped and created
+// again, by a migration), which the publication, naming tables by oid, did
+// not list until then. The old table's entry left the tree; the inserts
+// made into the new one before it was listed were skipped by the slot.
 func (l Look) DropsFrom(old string) bool {
 	if old == "" {
 		return false
@@ -84,8 +93,15 @@ func (l Look) DropsFrom(old string) bool {
 	for _, e := range strings.Split(l.Fingerprint, ",") {
 		now[e] = true
 	}
+	before := map[string]bool{}
 	for _, e := range strings.Split(old, ",") {
+		before[e] = true
 		if !now[e] && !l.leftTheTree(e) {
+			return true
+		}
+	}
+	for e := range now {
+		if rel, ok := entryRelation(e); ok && rel == l.table && l.table != 0 && !before[e] {
 			return true
 		}
 	}
@@ -95,12 +111,19 @@ func (l Look) DropsFrom(old string) bool {
 // leftTheTree says whether e is the entry of a table (r<oid>:<xmin>:<relid>)
 // that is not in the look's tree.
 func (l Look) leftTheTree(e string) bool {
+	rel, ok := entryRelation(e)
+	return ok && !slices.Contains(l.tree, rel)
+}
+
+// entryRelation is the table an entry of a table (r<oid>:<xmin>:<relid>)
+// lists; ok is false for other entries.
+func entryRelation(e string) (rel int64, ok bool) {
 	parts := strings.Split(e, ":")
 	if !strings.HasPrefix(e, "r") || len(parts) != 3 {
-		return false
+		return 0, false
 	}
 	rel, err := strconv.ParseInt(parts[2], 10, 64)
-	return err == nil && !slices.Contains(l.tree, rel)
+	return rel, err == nil
 }
 
 // LookPublication reads what the publication of o publishes of its table now,
@@ -127,7 +150,7 @@ func LookPublication(ctx context.Context, db pgtx.Beginner, o Options) (Look, er
 		}
 		var inserts *bool
 		err = tx.QueryRow(ctx, fmt.Sprintf(lookSQL, publicationCoversSQL, schemas), o.Publication, quotedTable(o.Table)).
-			Scan(&inserts, &l.Covered, &l.Fingerprint, &l.tree, &l.Xmin, &l.Next)
+			Scan(&inserts, &l.Covered, &l.Fingerprint, &l.tree, &l.Xmin, &l.Next, &l.table)
 		if err != nil {
 			return fmt.Errorf("looking at publication %s: %w", o.Publication, err)
 		}

@@ -80,3 +80,32 @@ func TestLookPublicationFingerprint(t *testing.T) {
 	require.ErrorIs(t, err, ErrPublicationChanged)
 	require.ErrorContains(t, err, "row filter")
 }
+
+// Another table swapped in under the table's name (renamed, or dropped and
+// created again, by a migration) and listed again: the old table's entry
+// left the tree, which alone drops nothing, but the slot skipped the
+// inserts into the new table until it was listed, so its entry is a break.
+func TestLookPublicationTableSwappedIn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testenv.Postgres(t), "", outbox.Columns{}, "")
+	ctx, db, o := b.ctx, b.db, b.opts
+	look := func() Look {
+		t.Helper()
+		l, err := LookPublication(ctx, db, o)
+		require.NoError(t, err)
+		return l
+	}
+	first := look()
+	_, err := db.Exec(ctx, `ALTER TABLE outbox_events RENAME TO outbox_old`)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `CREATE TABLE outbox_events (LIKE outbox_old INCLUDING ALL)`)
+	require.NoError(t, err)
+	swapped := look()
+	require.False(t, swapped.Covered)
+	require.False(t, swapped.DropsFrom(first.Fingerprint), "nothing the table lists is gone: the old table left")
+	require.NoError(t, AddTable(ctx, db, o))
+	listed := look()
+	require.True(t, listed.Covered)
+	require.True(t, listed.DropsFrom(first.Fingerprint), "the new table is listed only now")
+	require.False(t, look().DropsFrom(listed.Fingerprint), "nothing changed since")
+}

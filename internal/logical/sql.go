@@ -71,7 +71,8 @@ ORDER BY 1 LIMIT 1`
 	// list the table, a partitioned ancestor, a descendant (an inheritance
 	// child or a partition, recursively; with the relation's oid), or the
 	// schema of one of these, sorted), the oids of those tables, the
-	// snapshot's xmin and the look's own transaction id.
+	// snapshot's xmin, the look's own transaction id and the table's oid
+	// (0: no such table).
 	lookSQL = `WITH RECURSIVE t AS (SELECT to_regclass($2) AS oid),
 down(rel) AS (SELECT oid FROM t UNION SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.rel),
 tree AS (SELECT rel FROM down UNION SELECT a.relid FROM t, pg_partition_ancestors(t.oid) AS a),
@@ -87,7 +88,8 @@ entries AS (
 SELECT (SELECT pubinsert FROM p), (%[1]s),
 	coalesce((SELECT string_agg(DISTINCT e, ',' ORDER BY e) FROM entries), ''),
 	coalesce((SELECT array_agg(rel::oid::bigint) FROM tree WHERE rel IS NOT NULL), '{}'),
-	pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_current_xact_id()::text::bigint`
+	pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_current_xact_id()::text::bigint,
+	coalesce((SELECT oid::oid::bigint FROM t), 0)`
 
 	// schemaEntriesSQL is lookSQL's part of the fingerprint for FOR TABLES
 	// IN SCHEMA (PostgreSQL 15): the entries of the schemas of the tree's
