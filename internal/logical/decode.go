@@ -21,6 +21,9 @@ const absent = -1
 type relation struct {
 	id, typ, payload, created, key int // positions in the tuple, or absent
 	createdOID                     uint32
+	// foreign: not a table of the outbox (Reader.foreign); its inserts are
+	// not events.
+	foreign bool
 }
 
 // newRelation maps the columns of m named by c.

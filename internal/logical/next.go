@@ -211,6 +211,10 @@ func (r *Reader) decode(walData []byte) error {
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessage:
+		if r.foreign(m) {
+			r.relations[m.RelationID] = &relation{foreign: true}
+			break
+		}
 		r.relations[m.RelationID] = newRelation(m, r.columns)
 	case *pglogrepl.BeginMessage:
 		r.inTx = true
@@ -218,6 +222,9 @@ func (r *Reader) decode(walData []byte) error {
 		rel := r.relations[m.RelationID]
 		if rel == nil {
 			return fmt.Errorf("insert into relation %d before its RelationMessage", m.RelationID)
+		}
+		if rel.foreign {
+			break
 		}
 		e := rel.event(r.columns, m.Tuple, r.types)
 		r.events = append(r.events, e)
@@ -227,4 +234,41 @@ func (r *Reader) decode(walData []byte) error {
 		r.commits = append(r.commits, commit{events: len(r.events), end: m.TransactionEndLSN, at: m.CommitTime})
 	}
 	return nil // updates, deletes, truncates, types, origins: not the relay's
+}
+
+// foreign says whether m describes a table that a publication FOR TABLES IN
+// SCHEMA or FOR ALL TABLES publishes beside the outbox table, whose inserts
+// are no events: one of the relays' own tables in its schema (dead letters,
+// whose rows would otherwise be parked again, and again), or a table that
+// was not in the outbox table's tree at the last look (Saw) and lacks the
+// columns of an event. A table of the tree always has them (children and
+// partitions share the parent's columns; a column renamed on the table
+// itself shows as malformed events, parked, as before), and so does a
+// partition attached since the last look: those are decoded. Before the
+// first look, only the relays' own tables are foreign.
+func (r *Reader) foreign(m *pglogrepl.RelationMessage) bool {
+	t := r.opts.Table
+	if t.Schema() == "" || t.Schema() == m.Namespace {
+		if slices.Contains(t.CompanionTableNames(), m.RelationName) {
+			return true
+		}
+	}
+	if r.tree == nil || r.tree[m.RelationID] {
+		return false
+	}
+	has := map[string]bool{}
+	for _, c := range m.Columns {
+		has[c.Name] = true
+	}
+	return !has[r.columns.ID] || !has[r.columns.EventType] || !has[r.columns.Payload]
+}
+
+// Saw takes the outbox table's tree from a look at the publication: the
+// tables whose inserts are events, for foreign.
+func (r *Reader) Saw(l Look) {
+	tree := make(map[uint32]bool, len(l.tree))
+	for _, rel := range l.tree {
+		tree[uint32(rel)] = true
+	}
+	r.tree = tree
 }

@@ -32,6 +32,7 @@ type Reader struct {
 	columns   outbox.Columns
 	types     *pgtype.Map
 	relations map[uint32]*relation // by relation id, from the latest RelationMessage
+	tree      map[uint32]bool      // the outbox table's tree at the last look (Saw); nil before
 
 	// confirmed is what the caller confirmed, the only position ever sent
 	// to the server (it may be a keepalive's, see idle); returned is the

@@ -235,6 +235,18 @@ func (t *Table) RecordPublication(ctx context.Context, q Querier, slot string, s
 	return nil
 }
 
+// PublicationUnpublished adds entry to the publication's fingerprint
+// recorded for slot (once; none when nothing is recorded), keeping the xmin
+// of the last confirmed look: a look found the publication not publishing
+// the table, and the next look that finds it published again must find the
+// fingerprint changed (no look has the entry), whatever the catalog says.
+func (t *Table) PublicationUnpublished(ctx context.Context, q Querier, slot, entry string) error {
+	if _, err := q.Exec(ctx, t.progress(markUnpublishedSQL), slot, entry); err != nil {
+		return t.classify(fmt.Errorf("recording in %s that the publication stopped publishing the table: %w", t.ProgressTable(), err))
+	}
+	return nil
+}
+
 // RecordPartitions records the partitions of the table whose rows slot's
 // relay published or streams (keys: logical.PartitionKeys); baseline
 // records them only if none are (before the slot's first catch-up, which

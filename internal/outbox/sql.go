@@ -584,6 +584,11 @@ RETURNING NOT p.catch_up_pending`
 	recordPublicationSQL = `UPDATE %[14]s SET pub_fingerprint = coalesce(pub_fingerprint, $2),
 	pub_xmin = CASE WHEN pub_fingerprint IS NULL THEN $3 ELSE pub_xmin END, updated_at = now() WHERE slot = $1`
 
+	// markUnpublishedSQL adds the entry $2 to the fingerprint recorded for
+	// slot $1, once, keeping pub_xmin (PublicationUnpublished).
+	markUnpublishedSQL = `UPDATE %[14]s SET pub_fingerprint = pub_fingerprint || ',' || $2, updated_at = now()
+WHERE slot = $1 AND pub_fingerprint IS NOT NULL AND pub_fingerprint <> '' AND NOT $2 = ANY (string_to_array(pub_fingerprint, ','))`
+
 	// recordProgressSQL moves last_commit forward only; $3 ends a catch-up
 	// recorded without an id only (by a relay of an earlier version): one
 	// with an id ends with finishCatchUpSQL.

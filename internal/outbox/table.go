@@ -209,6 +209,14 @@ func (t *Table) Channel() string {
 	return "outbox_" + hex.EncodeToString(sum[:12])
 }
 
+// CompanionTableNames are the unqualified names of the tables the relays
+// keep beside the outbox table, in its schema: dead letters, stream resets
+// and state, the slot relays' progress and its log. None holds outbox rows.
+func (t *Table) CompanionTableNames() []string {
+	return []string{t.DeadLetterTableName(), t.StreamResetsTableName(), t.StreamStateTableName(),
+		t.ProgressTableName(), t.ProgressLogTableName()}
+}
+
 // objectName derives the name of an object that belongs to the table (index,
 // trigger, function) with the given suffix, within the 63-byte limit.
 func (t *Table) objectName(suffix string) string {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/outbox-dev/outbox-operator/internal/logical"
@@ -83,14 +85,25 @@ func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, read
 	if err != nil {
 		return err
 	}
+	reader.Saw(look)
 	if look.Exists && look.Inserts && !look.Covered {
-		if look, err = r.addTableBack(ctx, opts, look); err != nil {
-			return err
-		}
+		look, err = r.addTableBack(ctx, opts, look)
 	}
-	if err := look.Problem(opts); err != nil {
+	if err == nil {
+		err = look.Problem(opts)
+	}
+	if err != nil {
 		r.cfg.Metrics.Errors.WithLabelValues(ErrorKindPublicationChanged).Inc()
-		return err // the fingerprint recorded stays the last that published the table
+		// The fingerprint recorded is marked, so that the look that finds
+		// the table published again publishes the gap, even when nothing
+		// in the publication's catalog changed (a table made UNLOGGED and
+		// LOGGED again under FOR ALL TABLES or FOR TABLES IN SCHEMA).
+		seen, merr := r.markUnpublished(ctx, w.seen)
+		if merr != nil {
+			return errors.Join(err, merr)
+		}
+		w.seen, w.candidate = seen, nil
+		return err
 	}
 	if w.seen.Fingerprint == "" {
 		// A slot of an earlier version: nothing to compare with yet (a new
@@ -108,7 +121,8 @@ func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, read
 		w.saw(look)
 		return nil
 	}
-	r.log.Error("The publication changed since the relay last looked at it (ALTER PUBLICATION, or DROP and CREATE): "+
+	r.log.Error("The publication changed since the relay last looked at it (ALTER PUBLICATION, or DROP and CREATE), "+
+		"or did not publish the table for a while (a table made UNLOGGED, under FOR TABLES IN SCHEMA or FOR ALL TABLES): "+
 		"the slot skips what was inserted while it did not publish the table; publishing from the table the rows "+
 		"inserted since that look", "slot", r.cfg.Slot, "publication", opts.PublicationName())
 	r.cfg.Metrics.Errors.WithLabelValues(ErrorKindPublicationChanged).Inc()
@@ -137,6 +151,30 @@ func (r *Relay) watchPublication(ctx context.Context, opts logical.Options, read
 	// this look: the look's xmin bounds the next gap once confirmed.
 	w.seen.Fingerprint, w.candidate = look.Fingerprint, &look
 	return nil
+}
+
+// unpublishedEntry is the entry that markUnpublished adds to a recorded
+// fingerprint. No look has it, so the next look that finds the table
+// published drops it (Look.DropsFrom), and publishes the gap.
+const unpublishedEntry = "!unpublished"
+
+// markUnpublished records that a look found the publication not publishing
+// the table's inserts (look.Problem), keeping the last confirmed look's
+// xmin: the gap begins there. A change of the publication's catalog shows
+// in the fingerprint anyway, but a table that the publication stops
+// publishing and publishes again with no catalog change (ALTER TABLE SET
+// UNLOGGED, then SET LOGGED, under FOR ALL TABLES or FOR TABLES IN SCHEMA:
+// an unlogged table's inserts are not in the WAL) would not. A fingerprint
+// not recorded yet (a slot of an earlier version) is left alone.
+func (r *Relay) markUnpublished(ctx context.Context, seen outbox.PublicationSeen) (outbox.PublicationSeen, error) {
+	if seen.Fingerprint == "" || slices.Contains(strings.Split(seen.Fingerprint, ","), unpublishedEntry) {
+		return seen, nil
+	}
+	if err := r.cfg.Table.PublicationUnpublished(ctx, r.db, r.cfg.Slot, unpublishedEntry); err != nil {
+		return seen, err
+	}
+	seen.Fingerprint += "," + unpublishedEntry
+	return seen, nil
 }
 
 // addTableBack adds the table to its publication again (look: it exists,

@@ -242,6 +242,9 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 		look, err := logical.LookPublication(ctx, r.db, opts)
 		if err == nil && look.Exists && look.Inserts && !look.Covered {
 			if _, err := r.addTableBack(ctx, opts, look); err != nil {
+				if _, merr := r.markUnpublished(ctx, p.Publication); merr != nil {
+					err = errors.Join(err, merr)
+				}
 				return nil, err
 			}
 		}

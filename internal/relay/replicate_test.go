@@ -769,6 +769,46 @@ func TestReplicationCatchUpTakesATransactionLongerThanTheMargin(t *testing.T) {
 	requireAtLeastOnce(t, b.readStream(t, b.stream), append(others, longID))
 }
 
+// TestReplicationPublishesRowsInsertedWhileTheTableWasUnlogged: under a
+// publication FOR TABLES IN SCHEMA (or FOR ALL TABLES), ALTER TABLE SET
+// UNLOGGED is allowed, and the inserts of an unlogged table are not in the
+// WAL: the slot never sees them. SET LOGGED changes nothing in the
+// publication's catalog, so the fingerprint came back as recorded and no gap
+// was published: the rows inserted meanwhile were lost, though the relay's
+// error said they would be published. A review found it.
+//
+// Such a publication also publishes the schema's other tables: their
+// inserts are no events. The relay parked each as malformed, the dead-letter
+// table among them, so each parked row was parked again, without end.
+func TestReplicationPublishesRowsInsertedWhileTheTableWasUnlogged(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	b.exec(t, `CREATE TABLE app_orders (order_id int PRIMARY KEY);
+		CREATE PUBLICATION outbox_events_pub FOR TABLES IN SCHEMA public`)
+	cfg := b.replicating(t, Config{Slot: "relay_unlogged", BatchSize: 10, PollInterval: 100 * time.Millisecond,
+		CatchUpMargin: time.Second})
+	relay := b.newRelay(t, cfg)
+	stop := runInBackground(t, relay)
+	b.waitCaughtUp(t, cfg.Slot)
+	b.exec(t, `INSERT INTO app_orders VALUES (1)`) // not an event
+	all := b.insertNow(t, 2)
+	b.waitStream(t, all)
+
+	b.exec(t, `ALTER TABLE outbox_events SET UNLOGGED`)
+	waitFor(t, "the relay's error", func() bool {
+		return errors.Is(relay.Ready(), logical.ErrPublicationChanged)
+	})
+	all = append(all, b.insertNow(t, 3)...) // not in the WAL
+	b.exec(t, `ALTER TABLE outbox_events SET LOGGED`)
+	all = append(all, b.insertNow(t, 1)...)
+	b.waitStream(t, all)
+	require.NoError(t, stop())
+	var parked int
+	require.NoError(t, b.db.QueryRow(ctx, `SELECT count(*) FROM outbox_events_dead_letters`).Scan(&parked))
+	require.Zero(t, parked, "rows of other tables of the publication parked as events")
+}
+
 // The slot skips, for good, every insert made while the publication did not
 // publish the table (pgoutput decodes an insert with the catalog of its
 // place in the WAL): the relay watches the publication's fingerprint and
