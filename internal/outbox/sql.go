@@ -336,8 +336,10 @@ CREATE TABLE IF NOT EXISTS %[15]s (
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (stream) DO UPDATE SET last_id = excluded.last_id, entries_added = excluded.entries_added,
 	first_ms = excluded.first_ms, consumed_ms = excluded.consumed_ms, groups = excluded.groups, updated_at = now()
-WHERE (coalesce(nullif(split_part(s.last_id, '-', 1), '')::numeric, -1), coalesce(nullif(split_part(s.last_id, '-', 2), '')::numeric, -1))
-	<= (coalesce(nullif(split_part(excluded.last_id, '-', 1), '')::numeric, -1), coalesce(nullif(split_part(excluded.last_id, '-', 2), '')::numeric, -1))`
+WHERE (coalesce(nullif(split_part(s.last_id, '-', 1), '')::numeric, -1),
+		coalesce(nullif(split_part(s.last_id, '-', 2), '')::numeric, -1))
+	<= (coalesce(nullif(split_part(excluded.last_id, '-', 1), '')::numeric, -1),
+		coalesce(nullif(split_part(excluded.last_id, '-', 2), '')::numeric, -1))`
 
 	// forgetStreamStateSQL (with %[15]s the stream-state table) forgets a
 	// stream that is gone (its reset recorded): a stream made anew is not
