@@ -16,6 +16,11 @@ const (
 	// ErrorKindSlotInvalidated: the replication slot was invalidated
 	// (source LogicalReplication) and is made again, with a catch-up.
 	ErrorKindSlotInvalidated = "slot_invalidated"
+	// ErrorKindSlotMissing: the replication slot, which the relay had
+	// streamed from, was gone (dropped by hand, by a tool, or with its
+	// OutboxRelay); the relay makes it again and publishes the gap from the
+	// table, which has no rows deleted from it meanwhile.
+	ErrorKindSlotMissing = "slot_missing"
 	// ErrorKindPublicationChanged: the publication stopped publishing the
 	// table's inserts, for a while or now (source LogicalReplication); the
 	// relay publishes from the table what the slot skipped meanwhile.
@@ -106,7 +111,7 @@ func NewMetrics() *Metrics {
 	m.stream = newStreamMetrics()
 	for _, k := range []string{
 		ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout,
-		ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas, ErrorKindSlotInvalidated,
+		ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas, ErrorKindSlotInvalidated, ErrorKindSlotMissing,
 		ErrorKindPublicationChanged, ErrorKindStreamCheck,
 	} {
 		m.Errors.WithLabelValues(k)

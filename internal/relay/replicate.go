@@ -214,6 +214,18 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 	if err != nil {
 		return nil, err
 	}
+	if !st.Exists && ok && p.LastCommit != nil && st.WALStatus != "lost" {
+		// Not a first start: a relay streamed from the slot, and nothing
+		// here dropped it. Rows still in the table are published from it;
+		// rows deleted since (by the application right after its commit, or
+		// by cleanup) are not there to publish, so it is said loudly.
+		r.log.Error("Replication slot missing, though a relay had streamed from it (dropped by hand, by a tool, "+
+			"or with its OutboxRelay): making it again and publishing from the table the rows created since "+
+			"the last published commit; rows deleted from the table meanwhile cannot be published",
+			"slot", r.cfg.Slot, "lastPublishedCommit", p.LastCommit.UTC().Format(time.RFC3339Nano),
+			"catchUpMargin", r.cfg.CatchUpMargin.String())
+		r.cfg.Metrics.Errors.WithLabelValues(ErrorKindSlotMissing).Inc()
+	}
 	var due *catchUpDue
 	startCatchUp := func(ctx context.Context, newSlot bool) (err error) {
 		due, err = r.recordCatchUp(ctx, p, ok, newSlot)

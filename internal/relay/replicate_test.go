@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-dev/outbox-operator/internal/logical"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/syncbuf"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -398,10 +399,17 @@ func TestReplicationCatchUpAfterALostSlotTakesLocalTimesWestOfUTC(t *testing.T) 
 		SELECT 'new york', '{}' FROM generate_series(1, 5) RETURNING id::text`)
 	require.NoError(t, logical.DropSlot(context.Background(), b.db, cfg.Slot))
 
-	stop = runInBackground(t, b.newRelay(t, cfg))
+	// The slot missing is said loudly: rows the application deleted right
+	// after their commit would be in no stream.
+	var logs syncbuf.Buffer
+	cfg.Logger = newTestLogger(&logs)
+	relay := b.newRelay(t, cfg)
+	stop = runInBackground(t, relay)
 	b.waitStream(t, gap)
 	require.NoError(t, stop())
 	requireAtLeastOnce(t, b.readStream(t, b.stream), append(first, gap...))
+	require.Contains(t, logs.String(), `level=ERROR msg="Replication slot missing, though a relay had streamed from it`)
+	require.EqualValues(t, 1, testutilCounter(relay.cfg.Metrics.Errors.WithLabelValues(ErrorKindSlotMissing)))
 }
 
 // An inheritance child created after the publication, and one that a
