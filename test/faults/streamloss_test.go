@@ -628,3 +628,46 @@ func TestLostAgainAfterALateReplay(t *testing.T) {
 	rep := replayResets(t, env, replayArgs)
 	requireNothingLostAfterReplay(t, rdb, stream, prod.committed(), before, rep, detected)
 }
+
+// TestRedisRestartedUnderAUserThatMayNotLookAtTheStream: the relay's Redis
+// user may XADD but not XINFO STREAM (an ACL written before the relay
+// needed it, or a proxy that lacks XINFO). The relay publishes, but it
+// cannot see a stream reset: when Redis restarts empty, the events it lost
+// are lost. That blind spot must not be silent: the relay counts and logs
+// every refused check, and `relay doctor` fails `redis.stream-check`.
+// Before, the relay took the refusal for "no answer" and said nothing: no
+// reset, no error, no log line, with the stream's events gone.
+func TestRedisRestartedUnderAUserThatMayNotLookAtTheStream(t *testing.T) {
+	t.Parallel()
+	oc := startOutboxCase(t)
+	require.NoError(t, oc.rdb.Do(t.Context(), "ACL", "SETUSER", "relay", "on", ">relay-pw", "~*", "&*", "+@all",
+		"-xinfo|stream").Err())
+	env := oc.env
+	env.redisURL = "redis://relay:relay-pw@" + oc.rs.Addr() + "/0"
+
+	out, _, err := relayCommand(t.Context(), env, "doctor", "--stream", oc.stream)
+	require.Error(t, err, "relay doctor passed:\n%s", out) // this Redis has no persistence either
+	require.Regexp(t, `fail\s+redis.stream-check`, out)
+
+	relay := startRelay(t, "A", env, "--stream", oc.stream, "--batch-size", "100", "--stream-check-interval", "200ms")
+	prod := startProducers(t, producerConfig{dsn: oc.pg.DSN(), conns: 1, events: 600, rate: 600, insert: insertInto("outbox_events")})
+	eventually(t, time.Minute, "a third published", func() error {
+		if p := relay.published(); p < 200 {
+			return fmt.Errorf("%v published", p)
+		}
+		return nil
+	})
+	require.NoError(t, oc.rdb.FlushAll(t.Context()).Err()) // the ACL user survives: only the data is lost
+	prod.wait(t)
+	waitDrained(t, oc.conn, "outbox_events", time.Minute)
+	eventually(t, time.Minute, "the refused checks counted", func() error {
+		if n := relay.metric(`outbox_relay_errors_total{kind="redis_stream_check"}`); n < 1 {
+			return fmt.Errorf("%v counted", n)
+		}
+		return nil
+	})
+	relay.stop(t, time.Minute)
+	require.Contains(t, relay.out.String(), `level=WARN msg="Cannot look at the stream`)
+	require.Positive(t, checkStream(t, oc.rdb, oc.stream, prod.committed()).Lost,
+		"the flush lost no entry: the case tests nothing")
+}
