@@ -2,20 +2,35 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// The errors of a DSN that PoolConfig refuses. They never quote the DSN:
+// pgx's parse errors do, with what pgx takes for the password masked, and it
+// misreads some passwords (spaces around '=' or an escaped space in
+// key/value pairs, an unencoded '@' in a URL), whose text then shows.
+var (
+	errDSNInvalid = errors.New("parsing DATABASE_URL: not a PostgreSQL connection string " +
+		"(a postgres:// URL or key=value pairs; check the port, the quoting, and the percent-encoding of a URL)")
+	errDSNUserInfo = errors.New("parsing DATABASE_URL: the URL's host holds an '@': " +
+		"percent-encode '@' in the user and password as %40")
+)
+
 // PoolConfig parses a DSN into a pool configuration carrying the session
-// settings. Parse errors never contain the password: pgx redacts it, and
-// the error is wrapped without the DSN.
+// settings. Its errors never contain the DSN or any part of the password.
 func PoolConfig(dsn string, s SessionSettings, maxConns int32) (*pgxpool.Config, error) {
+	if atInHosts(dsn) {
+		return nil, errDSNUserInfo
+	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("parsing DATABASE_URL: %w", err)
+		return nil, errDSNInvalid
 	}
 	s.Apply(&cfg.ConnConfig.Config)
 	if s.WarmAllocator {
@@ -25,6 +40,28 @@ func PoolConfig(dsn string, s SessionSettings, maxConns int32) (*pgxpool.Config,
 		cfg.MaxConns = maxConns
 	}
 	return cfg, nil
+}
+
+// atInHosts reports whether a postgres:// URL has an '@' in its hosts, after
+// the user info as pgx reads it (up to the first '@'): a password with an
+// unencoded '@', whose rest pgx would take for the host and quote in every
+// connect error. No host name holds an '@'.
+func atInHosts(dsn string) bool {
+	rest, ok := strings.CutPrefix(dsn, "postgres://")
+	if !ok {
+		if rest, ok = strings.CutPrefix(dsn, "postgresql://"); !ok {
+			return false
+		}
+	}
+	i := strings.IndexAny(rest, "@/")
+	if i < 0 || rest[i] != '@' {
+		return false
+	}
+	hosts := rest[i+1:]
+	if j := strings.IndexAny(hosts, "/?"); j >= 0 {
+		hosts = hosts[:j]
+	}
+	return strings.Contains(hosts, "@")
 }
 
 // WarmForClaims acquires n sessions of pool at once for claims (ForClaims),
