@@ -166,8 +166,10 @@ func parseSentinel(u *url.URL) (*Target, error) {
 		case "sentinel_password":
 			o.SentinelPassword = vs[len(vs)-1]
 		default:
-			return nil, errInvalid("unknown query parameter " + strconv.Quote(k) +
-				" (a sentinel URL takes master_name, addr, sentinel_username, sentinel_password)")
+			// Not named: a password with an unencoded '&' splits into
+			// parameters named by its parts.
+			return nil, errInvalid("an unknown query parameter (a sentinel URL takes master_name, addr, " +
+				"sentinel_username, sentinel_password; percent-encode '&', '=', '#' and '+' in a value)")
 		}
 	}
 	if o.MasterName == "" {

@@ -67,6 +67,22 @@ func TestParseRefusesWithoutEchoingTheURL(t *testing.T) {
 	}
 }
 
+// TestParseNeverEchoesAQueryParameter: a sentinel password with an
+// unencoded '&' (or a ':' typed for '=') splits into parameters of its own,
+// whose names are parts of the password; the relay prints Parse's error.
+func TestParseNeverEchoesAQueryParameter(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{
+		"redis-sentinel://u:pw@s1:26379?master_name=m&sentinel_password=s3cret&canarytail",
+		"redis-sentinel://u:pw@s1:26379?master_name=m&sentinel_password=s3cret&canary=tail",
+		"redis-sentinel://u:pw@s1:26379?master_name=m&sentinel_password:s3cretcanarytail",
+	} {
+		_, err := Parse(bad)
+		require.Error(t, err, bad)
+		require.NotContains(t, err.Error(), "canary", bad)
+	}
+}
+
 func TestClientKinds(t *testing.T) {
 	t.Parallel()
 	for url, want := range map[string]any{
