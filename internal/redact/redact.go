@@ -12,8 +12,9 @@ import (
 const Placeholder = "xxxxx"
 
 // kvPassword matches password=... (and sslpassword=...) in a key/value DSN,
-// quoted or not.
-var kvPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+// quoted or not; in both, a backslash escapes the next character (libpq's
+// rule), so an escaped space does not end an unquoted value.
+var kvPassword = regexp.MustCompile(`(?is)(password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:\\.|\\$|[^\s\\])+)`)
 
 // URL returns s with its password replaced by Placeholder. It understands
 // URLs (postgres://user:pass@host/db, redis://:pass@host) and PostgreSQL

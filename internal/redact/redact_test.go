@@ -18,6 +18,10 @@ func TestURL(t *testing.T) {
 		"host=db user=app password=s3cret dbname=app":              "host=db user=app password=xxxxx dbname=app",
 		"host=db password='s3 cret' dbname=app":                    "host=db password=xxxxx dbname=app",
 		"postgres://app:s%3Fcret@db%zz/app":                        "xxxxx",
+		// libpq's escapes in an unquoted value: the space belongs to it.
+		`host=db password=s3cret\ tail dbname=app`: "host=db password=xxxxx dbname=app",
+		`host=db password = s3cret\\ dbname=app`:   "host=db password = xxxxx dbname=app",
+		`host=db password=s3cret\`:                 "host=db password=xxxxx",
 	}
 	for in, want := range cases {
 		require.Equal(t, want, URL(in), in)
