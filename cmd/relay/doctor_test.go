@@ -23,10 +23,11 @@ func TestDoctor(t *testing.T) {
 	res := requireSuccess(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+url), "doctor", "--stream", "jobs")
 	for _, want := range []string{
 		"ok    outbox.table", "ok    outbox.index", "ok    outbox.privileges", "ok    redis.persistence", "ok    redis.eviction",
+		"ok    redis.stream-check",
 	} {
 		require.Contains(t, res.stdout, want)
 	}
-	require.Len(t, strings.Split(strings.TrimSpace(res.stdout), "\n"), 19, res.stdout)
+	require.Len(t, strings.Split(strings.TrimSpace(res.stdout), "\n"), 20, res.stdout)
 
 	// With --slot, the replication checks too: the test server streams
 	// (wal_level logical, a superuser) without a bound on retained WAL.
