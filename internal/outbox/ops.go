@@ -91,6 +91,10 @@ var (
 	ErrTableNotFound = errors.New("outbox table not found")
 	// ErrColumnNotFound: a configured column does not exist in the table.
 	ErrColumnNotFound = errors.New("outbox column not found")
+	// ErrDeleteCascades: cleanup mode OnDispatch refuses to claim, as
+	// deleting a claimed row would delete other outbox rows with it (a
+	// foreign key within the table's tree, ON DELETE CASCADE), unpublished.
+	ErrDeleteCascades = errors.New("deleting a claimed row would delete other outbox rows with it")
 )
 
 // The SQLSTATE codes of the PostgreSQL errors the package tells apart
@@ -440,6 +444,26 @@ func (t *Table) DeleteDispatched(ctx context.Context, q Querier, retention time.
 		return 0, t.classify(err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// CheckDeleteCascades returns ErrDeleteCascades, naming the keys, when
+// deleting rows of the table deletes other rows of it through foreign keys
+// ON DELETE CASCADE (deleteCascadesSQL): a deleting claim would take rows
+// that were never claimed, or published, along with its own.
+func (t *Table) CheckDeleteCascades(ctx context.Context, q Querier) error {
+	rows, err := q.Query(ctx, deleteCascadesSQL, t.qTable)
+	if err != nil {
+		return t.classify(err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return t.classify(err)
+	}
+	if len(keys) > 0 {
+		return fmt.Errorf("%w (foreign keys ON DELETE CASCADE: %s): cleanup mode OnDispatch cannot be used on %s "+
+			"until they are changed (docs/relay.md, \"Cleanup modes\")", ErrDeleteCascades, strings.Join(keys, ", "), t)
+	}
+	return nil
 }
 
 // Exists reports whether the table exists, resolved as the other statements

@@ -150,6 +150,28 @@ WHERE i.inhparent = to_regclass($1) AND c.relispartition AND c.relkind = 'r'
 	AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'
 ORDER BY c.relname`
 
+	// deleteCascadesSQL lists the foreign keys ON DELETE CASCADE through
+	// which deleting a row of the table $1 (or of one of its partitions or
+	// inheritance children) deletes rows of the table again, directly (a
+	// key to the table itself: an event that references an earlier one)
+	// or through other tables: each key, by name and table, whose cascade
+	// lands in the table's tree. A deleting claim (DeleteOnDispatch) would
+	// delete those rows with the claimed ones, unpublished.
+	deleteCascadesSQL = `WITH RECURSIVE tree AS (
+	SELECT to_regclass($1)::oid AS oid
+	UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
+), reached AS (
+	SELECT c.conrelid AS rel, c.oid AS con FROM pg_constraint c JOIN tree ON c.confrelid = tree.oid
+	WHERE c.contype = 'f' AND c.confdeltype = 'c'
+	UNION
+	SELECT c.conrelid, c.oid FROM pg_constraint c JOIN reached r ON c.confrelid = r.rel
+	WHERE c.contype = 'f' AND c.confdeltype = 'c'
+)
+SELECT DISTINCT quote_ident(c.conname) || ' on ' || c.conrelid::regclass::text
+FROM reached r JOIN pg_constraint c ON c.oid = r.con
+WHERE r.rel IN (SELECT oid FROM tree) AND c.conparentid = 0
+ORDER BY 1`
+
 	// partitionDroppableSQL (with %[14]s the partition) is true when the
 	// partition holds rows and every one is dispatched more than $1 seconds
 	// ago and, when $2 is not NULL, before $2 (the resets' hold). An empty

@@ -251,3 +251,43 @@ func (b *testBundle) requireInStreamOrTable(t *testing.T, ids []string) {
 	}
 	require.Empty(t, lost, "rows gone from the table and absent from the stream")
 }
+
+// TestOnDispatchRefusesADeleteThatCascadesToPendingRows: an outbox whose
+// events reference earlier events (a foreign key to the table itself, ON
+// DELETE CASCADE). A deleting claim of the first event would delete the
+// later, pending one with it, unpublished. The relay refuses to claim,
+// says why, and every row stays until the key is changed.
+func TestOnDispatchRefusesADeleteThatCascadesToPendingRows(t *testing.T) {
+	t.Parallel()
+	tbl := outbox.MustNew("", outbox.Columns{})
+	b := setup(t, bundleOpts{ddl: tbl.DDL(outbox.DDLOptions{}) +
+		`ALTER TABLE outbox_events ADD COLUMN caused_by uuid REFERENCES outbox_events (id) ON DELETE CASCADE;`})
+	ctx := context.Background()
+	rows, err := b.db.Query(ctx, `WITH p AS (
+		INSERT INTO outbox_events (event_type, payload, created_at) VALUES ('parent', '1', now() - interval '2 s') RETURNING id
+	), c AS (
+		INSERT INTO outbox_events (event_type, payload, created_at, caused_by)
+		SELECT 'child', '2', now() - interval '1 s', id FROM p RETURNING id
+	) SELECT id::text FROM p UNION ALL SELECT id::text FROM c`)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, ids, 2)
+
+	r := b.newRelay(t, Config{BatchSize: 1, Dispatch: outbox.DeleteOnDispatch})
+	for range 3 {
+		_, err = r.runOnce(ctx)
+		if err != nil {
+			break
+		}
+	}
+	b.requireInStreamOrTable(t, ids)
+	require.ErrorIs(t, err, outbox.ErrDeleteCascades)
+	require.ErrorContains(t, err, "caused_by")
+	require.Equal(t, 2, b.rowCount(t), "nothing deleted")
+
+	_, err = b.db.Exec(ctx, `ALTER TABLE outbox_events DROP CONSTRAINT outbox_events_caused_by_fkey`)
+	require.NoError(t, err)
+	b.drain(t, r)
+	requireEachOnce(t, b.readStream(t, b.stream), ids)
+}

@@ -30,6 +30,10 @@ const (
 	// between batches (an ACL without them, a proxy that lacks them): a
 	// stream reset, entries that Redis lost, would go unnoticed.
 	ErrorKindStreamCheck = "redis_stream_check"
+	// ErrorKindDeleteCascades: cleanup mode OnDispatch claims nothing, as
+	// deleting a claimed row would delete other outbox rows with it, never
+	// published (a foreign key ON DELETE CASCADE within the table's tree).
+	ErrorKindDeleteCascades = "delete_cascades"
 )
 
 // The phases of outbox_relay_batch_phase_seconds, in a batch's order.
@@ -112,7 +116,7 @@ func NewMetrics() *Metrics {
 	for _, k := range []string{
 		ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout,
 		ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas, ErrorKindSlotInvalidated, ErrorKindSlotMissing,
-		ErrorKindPublicationChanged, ErrorKindStreamCheck,
+		ErrorKindPublicationChanged, ErrorKindStreamCheck, ErrorKindDeleteCascades,
 	} {
 		m.Errors.WithLabelValues(k)
 	}

@@ -54,6 +54,9 @@ type Relay struct {
 	// out (claimSize, claimFailed), cut to the rows that fit after a claim
 	// over BatchBytes (overBudget).
 	claimLimit atomic.Int64
+	// cascades is the last look for foreign keys through which a deleting
+	// claim would delete unclaimed rows (cleanup mode OnDispatch only).
+	cascades cascadeCheck
 
 	// testHookBeforeCommit, when set, runs after every XADD of a batch was
 	// acknowledged and before the commit; an error rolls the batch back.
@@ -473,7 +476,8 @@ func (r *Relay) ensureDeadLetterTable(ctx context.Context) {
 const passSlack = 15 * time.Second
 
 func (r *Relay) retryDelay(err error, failures int) time.Duration {
-	if errors.Is(err, outbox.ErrTableNotFound) || errors.Is(err, outbox.ErrColumnNotFound) {
+	if errors.Is(err, outbox.ErrTableNotFound) || errors.Is(err, outbox.ErrColumnNotFound) ||
+		errors.Is(err, outbox.ErrDeleteCascades) {
 		return r.cfg.MissingTableBackoff
 	}
 	return backoff(failures, r.cfg.MinBackoff, r.cfg.MaxBackoff, jitter)
@@ -495,6 +499,8 @@ func (r *Relay) report(err error, failures int, delay time.Duration) {
 		msg, level = "Outbox table not found, retrying", slog.LevelError
 	case ErrorKindLayout:
 		msg, level = "Outbox column not found, retrying", slog.LevelError
+	case ErrorKindDeleteCascades:
+		msg, level = "Cleanup mode OnDispatch claims nothing: its deletes would cascade to unpublished rows, retrying", slog.LevelError
 	case ErrorKindDeadLetterTableMissing:
 		msg, level = "Dead-letter table not found: a row that cannot be published holds up its batch, retrying", slog.LevelError
 	}
@@ -510,6 +516,8 @@ func errorKind(err error) string {
 		return ErrorKindTableMissing
 	case errors.Is(err, outbox.ErrColumnNotFound):
 		return ErrorKindLayout
+	case errors.Is(err, outbox.ErrDeleteCascades):
+		return ErrorKindDeleteCascades
 	case errors.Is(err, outbox.ErrDeadLetterTableNotFound):
 		return ErrorKindDeadLetterTableMissing
 	case errors.As(err, &pe):
@@ -551,6 +559,12 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 		return nil, fmt.Errorf("beginning batch: %w", err)
 	}
 	b.tx = tx
+	if r.cfg.Dispatch == outbox.DeleteOnDispatch {
+		if err := r.cascades.check(ctx, r.cfg.Table, tx); err != nil {
+			r.rollback(b)
+			return nil, err
+		}
+	}
 	b.limit = int(r.claimLimit.Load())
 	if b.limit < 1 {
 		b.limit = r.cfg.BatchSize // a Relay not made by New
@@ -596,6 +610,35 @@ func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Fronti
 		return nil, nil
 	}
 	return b, nil
+}
+
+// cascadeRecheck is how often a relay of cleanup mode OnDispatch looks
+// again for foreign keys ON DELETE CASCADE within the table's tree, once
+// none was found; while one is, every claim looks.
+const cascadeRecheck = 10 * time.Second
+
+// cascadeCheck remembers when a deleting claim last found no foreign key
+// through which its DELETE would delete rows it did not claim
+// (outbox.Table.CheckDeleteCascades): an event referencing an earlier one
+// ON DELETE CASCADE would be deleted, unpublished, with the earlier one's
+// batch. Such a relay claims nothing, and says why, until the key changes.
+type cascadeCheck struct {
+	mu sync.Mutex
+	ok time.Time
+}
+
+func (c *cascadeCheck) check(ctx context.Context, t *outbox.Table, q outbox.Querier) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ok.IsZero() && time.Since(c.ok) < cascadeRecheck {
+		return nil
+	}
+	if err := t.CheckDeleteCascades(ctx, q); err != nil {
+		c.ok = time.Time{}
+		return err
+	}
+	c.ok = time.Now()
+	return nil
 }
 
 // openBatches numbers the batches that hold a transaction, from their
