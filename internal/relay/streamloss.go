@@ -312,7 +312,13 @@ func (r *Relay) reportReset(why string) {
 		replay = fmt.Sprintf("relay replay --table %s --stream %s --pending --source %s", r.cfg.Table, r.cfg.Stream,
 			SourceLogicalReplication)
 	}
-	r.log.Error("Stream reset: entries the relay added may be lost; replay the window",
+	msg := "Stream reset: entries the relay added may be lost; replay the window"
+	if r.cfg.Dispatch == outbox.DeleteOnDispatch {
+		// The claim deleted the rows: there is nothing to replay them from.
+		msg = "Stream reset: entries the relay added may be lost, and cleanup mode OnDispatch deleted their rows: " +
+			"they cannot be replayed (the replay below republishes what is left, and says so)"
+	}
+	r.log.Error(msg,
 		"reason", why, "windowStart", reset.WindowStart.Format(time.RFC3339), "windowEnd", reset.WindowEnd.Format(time.RFC3339),
 		"replay", replay)
 	m := r.cfg.Metrics.stream
