@@ -49,7 +49,8 @@ func TestPoolConfigNeverEchoesThePassword(t *testing.T) {
 // pgx's errors may quote: hosts, user, database, runtime parameters.
 func connectionSettings(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig
-	s := []string{c.Host, c.User, c.Database}
+	s := make([]string, 0, 3+len(c.Fallbacks)+2*len(c.RuntimeParams))
+	s = append(s, c.Host, c.User, c.Database)
 	for _, fb := range c.Fallbacks {
 		s = append(s, fb.Host)
 	}
