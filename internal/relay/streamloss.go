@@ -116,6 +116,11 @@ type streamCheck struct {
 	info  *redis.XInfoStreamCmd
 	own   *redis.XMessageSliceCmd // XRANGE ownID ownID; nil when ownID is ""
 	ownID string
+	// last is XRANGE lastID lastID, the last entry the relay saw when it is
+	// not the relay's own (another relay's, seen through XINFO STREAM, or
+	// restored from what the relays recorded); nil otherwise.
+	last   *redis.XMessageSliceCmd
+	lastID string
 }
 
 // queueCheck adds the check to a pipeline, before its XADDs.
@@ -130,6 +135,10 @@ func (g *streamGuard) queueCheckLocked(ctx context.Context, pipe redis.Pipeliner
 	if c.ownID != "" {
 		c.own = pipe.XRangeN(ctx, stream, c.ownID, c.ownID, 1)
 	}
+	if g.known && g.lastID != "" && g.lastID != "0-0" && g.lastID != g.ownID {
+		c.lastID = g.lastID
+		c.last = pipe.XRangeN(ctx, stream, c.lastID, c.lastID, 1)
+	}
 	return c
 }
 
@@ -141,10 +150,29 @@ func (g *streamGuard) queueCheckLocked(ctx context.Context, pipe redis.Pipeliner
 // relay's entries added since can hide it from the other checks: a later
 // last id, and as many entries ever added.
 func (c *streamCheck) ownEntryLost(x *redis.XInfoStream) bool {
-	if c.own == nil || c.own.Err() != nil || len(c.own.Val()) > 0 || x.EntriesAdded == 0 || x.FirstEntry.ID == "" {
+	return entryLost(c.own, c.ownID, x)
+}
+
+// lastEntryLost is ownEntryLost for the last entry the relay saw when it
+// was not its own: another relay's entry seen through XINFO STREAM, or
+// the last id the relays recorded in PostgreSQL (restored at the start).
+// A failover to a replica that lacked it, followed by entries of a writer
+// that never saw it (a later last id, as many entries ever added), is
+// otherwise found by no check: not by this relay, whose own entries
+// survived (or which has added none since it started), and not by the
+// relay that added it, if it is gone.
+func (c *streamCheck) lastEntryLost(x *redis.XInfoStream) bool {
+	return entryLost(c.last, c.lastID, x)
+}
+
+// entryLost reports that the entry id, which XRANGE cmd (nil: not asked)
+// looked for, is gone although the stream (Redis 7 or later) still holds
+// entries at or before it and deleted none at or after it.
+func entryLost(cmd *redis.XMessageSliceCmd, id string, x *redis.XInfoStream) bool {
+	if cmd == nil || cmd.Err() != nil || len(cmd.Val()) > 0 || x.EntriesAdded == 0 || x.FirstEntry.ID == "" {
 		return false
 	}
-	return compareIDs(c.ownID, x.FirstEntry.ID) >= 0 && compareIDs(c.ownID, x.MaxDeletedEntryID) > 0
+	return compareIDs(id, x.FirstEntry.ID) >= 0 && compareIDs(id, x.MaxDeletedEntryID) > 0
 }
 
 // refused returns the error reply with which Redis refused the check (an
@@ -152,7 +180,7 @@ func (c *streamCheck) ownEntryLost(x *redis.XInfoStream) bool {
 // them), nil when it answered or did not answer at all (a network fault,
 // which the batch's XADDs show too). A missing stream is an answer.
 func (c *streamCheck) refused() error {
-	for _, err := range []error{c.info.Err(), c.ownErr()} {
+	for _, err := range []error{c.info.Err(), c.ownErr(), c.lastErr()} {
 		var reply redis.Error
 		if err != nil && !isNoSuchKey(err) && errors.As(err, &reply) {
 			return err
@@ -166,6 +194,13 @@ func (c *streamCheck) ownErr() error {
 		return nil
 	}
 	return c.own.Err()
+}
+
+func (c *streamCheck) lastErr() error {
+	if c.last == nil {
+		return nil
+	}
+	return c.last.Err()
 }
 
 // noteRefusedLocked says, at warn level the first time in a row and then at
@@ -241,6 +276,9 @@ func (r *Relay) observeLocked(c *streamCheck, added string, n int) {
 		case c.ownID == g.ownID && c.ownEntryLost(&x):
 			why = fmt.Sprintf("the entry %s the relay added last is gone, though the stream holds older entries and deleted none since",
 				c.ownID)
+		case c.lastID == g.lastID && c.lastEntryLost(&x):
+			why = fmt.Sprintf("the entry %s, the last the relays saw, is gone, though the stream holds older entries and deleted none since",
+				c.lastID)
 		}
 		if why != "" {
 			r.reportReset(why)
@@ -425,7 +463,8 @@ func (g *streamGuard) seen() int {
 
 // restore takes in what the relays last saw of the stream (recorded in
 // PostgreSQL), when this relay has not seen it yet: so its first look
-// finds a reset that happened while no relay ran. ownID stays unknown.
+// finds a reset that happened while no relay ran. ownID stays unknown;
+// the entry of the last id restored is looked for (streamCheck.last).
 // The last id recorded, seen before its record was written, says how far
 // the ids ran ahead of the clock then: the new stream of such a reset
 // would not.
