@@ -225,6 +225,23 @@ func (t *Table) DeleteDeadLetter(ctx context.Context, tx Querier, id int64) erro
 	return nil
 }
 
+// Redispatched moves the dispatch time of the outbox row whose event a
+// retry published again (its id; nil: the row had no id, and none is
+// found) to now, in the retry's transaction. A parked row was marked
+// dispatched when it was parked: its entry is as new as the retry, and a
+// stream reset after it replays the rows dispatched in its window, as
+// cleanup keeps the rows dispatched within the retention. Cleanup mode
+// OnDispatch deleted the row: nothing to move.
+func (t *Table) Redispatched(ctx context.Context, tx Querier, eventID *string) error {
+	if eventID == nil {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, t.format(redispatchedSQL), pgx.QueryExecModeSimpleProtocol, *eventID); err != nil {
+		return fmt.Errorf("moving the dispatch time of the retried event %s: %w", *eventID, t.classify(err))
+	}
+	return nil
+}
+
 // RefuseDeadLetter records a retry that failed again, with its reason.
 func (t *Table) RefuseDeadLetter(ctx context.Context, tx Querier, id int64, reason string) error {
 	if _, err := tx.Exec(ctx, t.format(refuseDeadLetterSQL), id, reason); err != nil {

@@ -294,6 +294,12 @@ FOR UPDATE SKIP LOCKED`
 	// deleteDeadLetterSQL removes a parked row that was published or discarded.
 	deleteDeadLetterSQL = `DELETE FROM %[11]s WHERE id = $1`
 
+	// redispatchedSQL moves the dispatch time of the outbox row of id $1 (a
+	// row marked dispatched when it was parked) to now (Redispatched). $1 is
+	// sent as an untyped literal (the simple protocol), which takes the id
+	// column's type, whatever it is, and its index.
+	redispatchedSQL = `UPDATE %[1]s SET %[6]s = now() WHERE %[2]s = $1 AND %[6]s IS NOT NULL`
+
 	// refuseDeadLetterSQL records a retry that failed again.
 	refuseDeadLetterSQL = `UPDATE %[11]s SET reason = $2, attempts = attempts + 1 WHERE id = $1`
 

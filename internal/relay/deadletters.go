@@ -101,6 +101,9 @@ func Retry(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis
 					if err := table.DeleteDeadLetter(ctx, tx, d.ID); err != nil {
 						return err
 					}
+					if err := table.Redispatched(ctx, tx, d.EventID); err != nil {
+						return err
+					}
 					continue
 				}
 				if err := table.RefuseDeadLetter(ctx, tx, d.ID, reasons[i]); err != nil {
