@@ -57,6 +57,10 @@ type StreamState struct {
 	// Age is how long ago the state was recorded, by PostgreSQL's clock
 	// (read only: ReadStreamState).
 	Age time.Duration
+	// Replace (write only: WriteStreamState) says that the writer saw the
+	// stream reset since its last write: its view, of the stream made
+	// anew, replaces the one recorded, though its last id is earlier.
+	Replace bool
 }
 
 // ReadStreamState reads what the relays last saw of stream; ok is false
@@ -78,7 +82,11 @@ func (t *Table) ReadStreamState(ctx context.Context, q Querier, stream string) (
 
 // WriteStreamState records what a relay saw of a stream.
 func (t *Table) WriteStreamState(ctx context.Context, q Querier, s StreamState) error {
-	_, err := q.Exec(ctx, t.resets(writeStreamStateSQL), s.Stream, s.LastID, s.EntriesAdded, s.FirstMs, s.ConsumedMs, s.Groups)
+	sql := writeStreamStateSQL
+	if s.Replace {
+		sql = replaceStreamStateSQL
+	}
+	_, err := q.Exec(ctx, t.resets(sql), s.Stream, s.LastID, s.EntriesAdded, s.FirstMs, s.ConsumedMs, s.Groups)
 	if err != nil {
 		return fmt.Errorf("recording the stream's state in %s: %w", t.StreamStateTableName(), t.classify(err))
 	}

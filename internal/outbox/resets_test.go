@@ -177,4 +177,10 @@ func TestStreamStateKeepsTheLaterView(t *testing.T) {
 	require.NoError(t, tbl.ForgetStreamState(ctx, db, "s")) // seen gone: the stream made anew starts low
 	write("5-0", 1)
 	require.Equal(t, "5-0", read().LastID)
+	write("9-0", 2)
+	// A relay that saw the stream reset writes its view of the new one,
+	// with earlier ids, over the row (never forgotten: it saw the new
+	// stream before it wrote).
+	require.NoError(t, tbl.WriteStreamState(ctx, db, StreamState{Stream: "s", LastID: "3-0", EntriesAdded: 1, Replace: true}))
+	require.Equal(t, "3-0", read().LastID)
 }

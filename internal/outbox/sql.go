@@ -357,17 +357,21 @@ CREATE TABLE IF NOT EXISTS %[15]s (
 	// stopping) the one that looked first may write last. Its older view
 	// would hide a loss of the entries between the two from the next relay
 	// (the stream's last id back at the older one is no reset to it). A
-	// stream seen gone is forgotten (its row deleted) before its new one is
-	// written, so a stream made anew is not kept out. Ids compare as
-	// (ms, seq) numbers; an empty id is the lowest.
-	writeStreamStateSQL = `INSERT INTO %[15]s AS s (stream, last_id, entries_added, first_ms, consumed_ms, groups)
-VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (stream) DO UPDATE SET last_id = excluded.last_id, entries_added = excluded.entries_added,
-	first_ms = excluded.first_ms, consumed_ms = excluded.consumed_ms, groups = excluded.groups, updated_at = now()
+	// relay that saw the stream reset writes its view of the stream made
+	// anew with replaceStreamStateSQL. Ids compare as (ms, seq) numbers; an
+	// empty id is the lowest.
+	writeStreamStateSQL = replaceStreamStateSQL + `
 WHERE (coalesce(nullif(split_part(s.last_id, '-', 1), '')::numeric, -1),
 		coalesce(nullif(split_part(s.last_id, '-', 2), '')::numeric, -1))
 	<= (coalesce(nullif(split_part(excluded.last_id, '-', 1), '')::numeric, -1),
 		coalesce(nullif(split_part(excluded.last_id, '-', 2), '')::numeric, -1))`
+
+	// replaceStreamStateSQL records what a relay saw of a stream, replacing
+	// what was there (writeStreamStateSQL without its condition).
+	replaceStreamStateSQL = `INSERT INTO %[15]s AS s (stream, last_id, entries_added, first_ms, consumed_ms, groups)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (stream) DO UPDATE SET last_id = excluded.last_id, entries_added = excluded.entries_added,
+	first_ms = excluded.first_ms, consumed_ms = excluded.consumed_ms, groups = excluded.groups, updated_at = now()`
 
 	// forgetStreamStateSQL (with %[15]s the stream-state table) forgets a
 	// stream that is gone (its reset recorded): a stream made anew is not

@@ -409,7 +409,9 @@ func TestReplicationCatchUpAfterALostSlotTakesLocalTimesWestOfUTC(t *testing.T) 
 	require.NoError(t, stop())
 	requireAtLeastOnce(t, b.readStream(t, b.stream), append(first, gap...))
 	require.Contains(t, logs.String(), `level=ERROR msg="Replication slot missing, though a relay had streamed from it`)
-	require.EqualValues(t, 1, testutilCounter(relay.cfg.Metrics.Errors.WithLabelValues(ErrorKindSlotMissing)))
+	// Counted once per pass that found it missing: more than once when a
+	// pass failed before the slot was made again.
+	require.GreaterOrEqual(t, testutilCounter(relay.cfg.Metrics.Errors.WithLabelValues(ErrorKindSlotMissing)), 1.0)
 }
 
 // An inheritance child created after the publication, and one that a

@@ -100,6 +100,9 @@ type streamGuard struct {
 	aheadMs    int64
 	pending    []outbox.StreamReset
 	resetsSeen int
+	// savedResets is resetsSeen at the last write of the stream's state
+	// (saveStreamState, the watch loop's alone).
+	savedResets int
 	// checksRefused counts the looks at the stream in a row that Redis
 	// refused (streamCheck.refused); refusedWarned is when the last of them
 	// was logged at warn level: the first, then at most once a minute.
@@ -536,8 +539,13 @@ func (r *Relay) saveStreamState(ctx context.Context, saved *outbox.StreamState) 
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var err error
+	seen := r.stream.seen()
 	if ok {
+		// A reset seen since the last write: this view is of the stream
+		// made anew, whose ids may be earlier than those recorded.
+		s.Replace = seen != r.stream.savedResets
 		err = r.cfg.Table.WriteStreamState(ctx, r.db, s)
+		s.Replace = false
 	} else {
 		err = r.cfg.Table.ForgetStreamState(ctx, r.db, r.cfg.Stream)
 	}
@@ -545,7 +553,7 @@ func (r *Relay) saveStreamState(ctx context.Context, saved *outbox.StreamState) 
 		r.log.Debug("Could not record what the relay saw of the stream; trying again", "error", err.Error())
 		return
 	}
-	*saved = s
+	*saved, r.stream.savedResets = s, seen
 }
 
 // pendingResets returns a copy of the resets not yet recorded.

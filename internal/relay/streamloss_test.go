@@ -1322,7 +1322,15 @@ func TestReplayDoesNotMarkAResetFoundDuringItsInFlightWait(t *testing.T) {
 			Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Hour), InFlightWait: 30 * time.Second})
 		done <- err
 	}()
-	time.Sleep(500 * time.Millisecond) // the replay took its transaction id and waits
+	// The replay took its transaction id and waits: it looks at the oldest
+	// transaction running. (A batch begun before it took its id would be
+	// waited for, and wait for the replay in its hook below.)
+	waitFor(t, "the replay waiting", func() bool {
+		var n int
+		require.NoError(t, b.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE 'SELECT pg_snapshot_xmin(pg_current_snapshot())%'`).Scan(&n))
+		return n > 0
+	})
 
 	relay.testHookBeforeCommit = func(context.Context) error {
 		// This batch's entries are in the stream; Redis loses it, and a
