@@ -6,6 +6,8 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
 // The DSN of an OutboxRelay is a tenant's input that the operator parses and
@@ -46,8 +48,14 @@ var notAllowedKey = regexp.MustCompile(`connection string key "([^"]*)" is not i
 
 // ParseDSN parses a DSN honouring only the allowed keys (FileKeys too when
 // allowFileKeys). A refused key is a *DSNKeyError, found before anything is
-// read; other errors are pgconn's (a *pgconn.ParseConfigError).
+// read; a URL whose host holds an '@' is outbox.ErrDSNUserInfo; other
+// errors are pgconn's (a *pgconn.ParseConfigError).
 func ParseDSN(dsn string, allowFileKeys bool) (*pgconn.Config, error) {
+	if outbox.HostHoldsAt(dsn) {
+		// An unencoded '@' in the password: pgx would take its rest for
+		// the host, and the relays refuse it (outbox.PoolConfig).
+		return nil, outbox.ErrDSNUserInfo
+	}
 	allowed := dsnKeys
 	if allowFileKeys {
 		allowed = slices.Concat(dsnKeys, FileKeys)

@@ -72,7 +72,7 @@ func classify(err error, timeout string, secrets ...string) *Failure {
 	switch {
 	case errors.As(err, &keyErr):
 		cause = CauseDSNKeyNotAllowed
-	case errors.As(err, &parseErr):
+	case errors.As(err, &parseErr), errors.Is(err, outbox.ErrDSNUserInfo):
 		cause = CauseInvalidDSN
 	case errors.Is(err, outbox.ErrTableNotFound):
 		cause = CauseTableNotFound
@@ -107,6 +107,8 @@ func describe(err error, timeout string) string {
 		return "the DSN sets " + what + "; the operator honours only " + strings.Join(dsnKeys, ", ") +
 			" (the file-reading keys only when started with --allow-dsn-file-keys), so it does not measure this backlog;" +
 			" the relays still use the DSN"
+	case errors.Is(err, outbox.ErrDSNUserInfo):
+		return "the DSN is a postgres:// URL whose host holds an '@': percent-encode '@' in the user and password as %40"
 	case errors.As(err, &parseErr):
 		return "the DSN is not a valid PostgreSQL connection string (a postgres:// URL or key=value pairs)"
 	case errors.As(err, &pgErr):

@@ -137,4 +137,17 @@ func TestDSNKeys(t *testing.T) {
 		require.Equal(t, uint16(5433), cfg.Port)
 		require.False(t, ValidDSN("postgres://u:pw@h:bad/db"))
 	})
+	t.Run("UnencodedAtInThePassword", func(t *testing.T) {
+		t.Parallel()
+		// pgx would read the host "Canary@127.0.0.1" and quote it in every
+		// connect error; the relays refuse it, and so does the operator.
+		dsn := "postgres://u:pw@Canary@127.0.0.1:5433/db"
+		require.False(t, ValidDSN(dsn))
+		_, err := ParseDSN(dsn, false)
+		f := classify(err, "10s")
+		require.Equal(t, CauseInvalidDSN, f.Cause)
+		require.Contains(t, f.Message, "%40")
+		require.NotContains(t, f.Message, "Canary")
+		require.True(t, ValidDSN("postgres://u:pw%40Canary@127.0.0.1:5433/db"), "percent-encoded")
+	})
 }

@@ -97,7 +97,7 @@ func (r *OutboxRelayReconciler) resolveSecrets(ctx context.Context, relay *v1alp
 		// The parse error is not quoted: it may hold parts of the DSN.
 		return nil, &failure{v1alpha1.ReasonDSNInvalid, fmt.Sprintf(
 			"the value of key %q of Secret %q (spec.postgres.dsnSecretRef) is not a PostgreSQL connection string "+
-				"(a postgres:// URL or key=value pairs)",
+				"(a postgres:// URL, with '@' in the user and password percent-encoded as %%40, or key=value pairs)",
 			relay.Spec.Postgres.DSNSecretRef.Key, relay.Spec.Postgres.DSNSecretRef.Name)}, nil
 	}
 	if !validRedisURL(res.redisURL) {

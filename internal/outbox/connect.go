@@ -18,15 +18,16 @@ import (
 var (
 	errDSNInvalid = errors.New("parsing DATABASE_URL: not a PostgreSQL connection string " +
 		"(a postgres:// URL or key=value pairs; check the port, the quoting, and the percent-encoding of a URL)")
-	errDSNUserInfo = errors.New("parsing DATABASE_URL: the URL's host holds an '@': " +
+	// ErrDSNUserInfo: a postgres:// URL whose host holds an '@' (HostHoldsAt).
+	ErrDSNUserInfo = errors.New("parsing DATABASE_URL: the URL's host holds an '@': " +
 		"percent-encode '@' in the user and password as %40")
 )
 
 // PoolConfig parses a DSN into a pool configuration carrying the session
 // settings. Its errors never contain the DSN or any part of the password.
 func PoolConfig(dsn string, s SessionSettings, maxConns int32) (*pgxpool.Config, error) {
-	if atInHosts(dsn) {
-		return nil, errDSNUserInfo
+	if HostHoldsAt(dsn) {
+		return nil, ErrDSNUserInfo
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -42,11 +43,11 @@ func PoolConfig(dsn string, s SessionSettings, maxConns int32) (*pgxpool.Config,
 	return cfg, nil
 }
 
-// atInHosts reports whether a postgres:// URL has an '@' in its hosts, after
+// HostHoldsAt reports whether a postgres:// URL has an '@' in its hosts, after
 // the user info as pgx reads it (up to the first '@'): a password with an
 // unencoded '@', whose rest pgx would take for the host and quote in every
 // connect error. No host name holds an '@'.
-func atInHosts(dsn string) bool {
+func HostHoldsAt(dsn string) bool {
 	rest, ok := strings.CutPrefix(dsn, "postgres://")
 	if !ok {
 		if rest, ok = strings.CutPrefix(dsn, "postgresql://"); !ok {
