@@ -1302,8 +1302,12 @@ func TestReplayOfAnExplicitCreatedWindowKeepsTheResetPending(t *testing.T) {
 // stayed lost (found by a review, 2026-12-05).
 func TestReplayDoesNotMarkAResetFoundDuringItsInFlightWait(t *testing.T) {
 	t.Parallel()
-	b := resettableBundle(t)
+	// A server of its own: the replay waits for every transaction running
+	// on the server, and other tests' long ones would hold it (and this
+	// batch, idle in its transaction meanwhile, past its timeout).
+	b := setup(t, bundleOpts{dsn: testenv.StartPostgres(t).DSN(), redisURL: testenv.StartRedis(t).URL()})
 	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	relay := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, StreamCheckInterval: time.Hour})
 	ids := b.insert(t, 10)
 
