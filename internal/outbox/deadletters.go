@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -232,14 +233,28 @@ func (t *Table) DeleteDeadLetter(ctx context.Context, tx Querier, id int64) erro
 // stream reset after it replays the rows dispatched in its window, as
 // cleanup keeps the rows dispatched within the retention. Cleanup mode
 // OnDispatch deleted the row: nothing to move.
-func (t *Table) Redispatched(ctx context.Context, tx Querier, eventID *string) error {
+//
+// An id that is no value of the id column (a dead letter of another table,
+// or parked by hand) has no row to move: the statement runs under a
+// savepoint, and its data exception (SQLSTATE class 22) is no error.
+func (t *Table) Redispatched(ctx context.Context, tx pgx.Tx, eventID *string) error {
 	if eventID == nil {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, t.format(redispatchedSQL), pgx.QueryExecModeSimpleProtocol, *eventID); err != nil {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
 		return fmt.Errorf("moving the dispatch time of the retried event %s: %w", *eventID, t.classify(err))
 	}
-	return nil
+	_, err = sp.Exec(ctx, t.format(redispatchedSQL), pgx.QueryExecModeSimpleProtocol, *eventID)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
+		return sp.Rollback(ctx)
+	}
+	if err != nil {
+		_ = sp.Rollback(ctx)
+		return fmt.Errorf("moving the dispatch time of the retried event %s: %w", *eventID, t.classify(err))
+	}
+	return sp.Commit(ctx)
 }
 
 // RefuseDeadLetter records a retry that failed again, with its reason.

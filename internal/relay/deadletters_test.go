@@ -46,3 +46,21 @@ func TestRetriedDeadLetterIsInALaterResetsWindow(t *testing.T) {
 	require.True(t, slices.ContainsFunc(b.readStream(t, b.stream), func(e entry) bool { return e[FieldEventID] == big }),
 		"the retried event, lost with the stream, was not replayed")
 }
+
+// TestRetryOfADeadLetterWhoseIDIsNoRowOfTheTable: a dead letter whose event
+// id is no value of the table's id column (parked by hand, or by a relay of
+// another table) is retried like any other: there is no row whose dispatch
+// time to move, which is no error.
+func TestRetryOfADeadLetterWhoseIDIsNoRowOfTheTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureDeadLetterTable(ctx, b.db))
+	_, err := b.db.Exec(ctx, `INSERT INTO outbox_events_dead_letters (event_id, event_type, payload, created_at, stream, reason)
+		VALUES ('1', 't', '{}', now(), $1, 'parked by the test')`, b.stream)
+	require.NoError(t, err)
+	res, err := Retry(ctx, b.table, b.db, b.rdb, RetryOptions{Filter: outbox.DeadLetterFilter{}})
+	require.NoError(t, err)
+	require.Len(t, res.Republished, 1)
+	require.Empty(t, b.deadLetters(t))
+}
