@@ -21,7 +21,10 @@ const readyTimeout = 2 * time.Second
 //
 // Errors are JSON objects {"error": "..."}: 400 for bad input (nothing is
 // written), 404, 413 for a body over MaxBodyBytes, 500 when the database
-// fails (the details go to the log, not to the client).
+// fails (the details go to the log, not to the client). When the connection
+// is lost during the COMMIT, nobody knows whether the order was stored: the
+// 500 then says so and carries "order_id" (and Location), so that the client
+// looks the order up before placing it again.
 type API struct {
 	store *Store
 	log   *slog.Logger
@@ -58,6 +61,18 @@ func (a *API) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o, err := a.store.Create(r.Context(), in)
+	var unknown *CommitUnknownError
+	if errors.As(err, &unknown) {
+		a.log.Error("The commit of an order may or may not have happened", "orderID", unknown.OrderID,
+			"error", err.Error())
+		w.Header().Set("Location", "/orders/"+unknown.OrderID)
+		writeJSON(w, http.StatusInternalServerError, map[string]string{
+			"error": "the outcome is unknown: the database connection was lost while committing the order; " +
+				"look it up (GET /orders/" + unknown.OrderID + ") before placing it again",
+			"order_id": unknown.OrderID,
+		})
+		return
+	}
 	if err != nil {
 		a.log.Error("Failed to create an order", "error", err.Error())
 		writeError(w, http.StatusInternalServerError, "the order could not be stored; try again")

@@ -21,6 +21,31 @@ const EventOrderCreated = "order_created"
 // ErrNotFound: no order has that id.
 var ErrNotFound = errors.New("order not found")
 
+// CommitUnknownError is returned by Store.Create when the COMMIT was sent
+// but its answer never came (the connection was lost, a timeout): the order
+// and its event may have committed, or not. A client told "failed, try
+// again" would then place a second order; it must look OrderID up first.
+type CommitUnknownError struct {
+	OrderID string
+	Err     error
+}
+
+func (e *CommitUnknownError) Error() string {
+	return fmt.Sprintf("the commit of order %s may or may not have happened: %v", e.OrderID, e.Err)
+}
+
+func (e *CommitUnknownError) Unwrap() error { return e.Err }
+
+// commitOutcomeUnknown says whether a failed COMMIT may have committed all
+// the same: yes, unless PostgreSQL answered, with an error or with
+// ROLLBACK. pgconn.SafeToRetry is no guide here: a connection lost after
+// the COMMIT was sent comes back from pgx as "conn closed", which it calls
+// safe to retry.
+func commitOutcomeUnknown(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) && !errors.Is(err, pgx.ErrTxCommitRollback)
+}
+
 // Order is a stored order.
 type Order struct {
 	ID            string    `json:"order_id"`
@@ -49,7 +74,8 @@ type Store struct {
 func NewStore(db *pgxpool.Pool) *Store { return &Store{db: db} }
 
 // Create stores a validated order and its order_created outbox row in one
-// transaction: both commit, or neither.
+// transaction: both commit, or neither. When the COMMIT's answer is lost,
+// the error is a *CommitUnknownError: the order may exist.
 func (s *Store) Create(ctx context.Context, in NewOrder) (Order, error) {
 	var o Order
 	err := pgtx.Run(ctx, s.db, func(tx pgx.Tx) error {
@@ -68,6 +94,12 @@ func (s *Store) Create(ctx context.Context, in NewOrder) (Order, error) {
 		}
 		if _, err := outbox.Write(ctx, tx, outbox.Event{Type: EventOrderCreated, Payload: payload}); err != nil {
 			return err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			if commitOutcomeUnknown(err) {
+				return &CommitUnknownError{OrderID: o.ID, Err: err}
+			}
+			return fmt.Errorf("committing: %w", err)
 		}
 		return nil
 	})
