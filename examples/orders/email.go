@@ -24,12 +24,18 @@ import (
 // commit that fails after it is retried).
 //
 // Events of other types are not the worker's business: they are recorded as
-// processed and acknowledged, with a debug log line. A payload that does not
+// processed and acknowledged, with a debug log line. An entry without an
+// event_type (which may be an order_created), a payload that does not
 // parse, and a second order_created for an order already emailed (under
 // another event id: a producer bug), are permanent errors: the entry goes to
 // the dead-letter stream at once, where someone can look at it.
 func ConfirmationEmails(log *slog.Logger) consumer.Handler {
 	return func(ctx context.Context, tx pgx.Tx, m consumer.Message) error {
+		if m.EventType == "" {
+			// Not "another type": the entry does not say, and it may be an
+			// order_created. Acknowledged as ignored, its email would be lost.
+			return consumer.Permanent(errors.New("the entry has no event_type: it breaks the stream contract"))
+		}
 		if m.EventType != EventOrderCreated {
 			log.Debug("Ignored an event of another type", "eventID", m.EventID, "eventType", m.EventType)
 			return nil

@@ -109,3 +109,27 @@ func TestWorkerRefusesASecondEmailForAnOrderAndIgnoresOtherEvents(t *testing.T) 
 	require.Contains(t, dead[1].Values["error"], "payload is not valid JSON")
 	require.Contains(t, b.logs.String(), "Ignored an event of another type")
 }
+
+// TestWorkerDeadLettersAnEntryWithoutAnEventType: an entry that lacks the
+// event_type field breaks the stream contract; the worker cannot tell whether
+// it is an order_created, so it must not take it for "another type" and
+// acknowledge it unhandled: it goes to the dead-letter stream.
+func TestWorkerDeadLettersAnEntryWithoutAnEventType(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := context.Background()
+	_, created := b.post(t, `{"customer_email": "reader@example.com", "amount": "19.99"}`)
+	var eventID, payload string
+	require.NoError(t, b.db.QueryRow(ctx, `SELECT id::text, payload FROM outbox_events`).Scan(&eventID, &payload))
+	require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream,
+		Values: []any{"event_id", eventID, "payload", payload}}).Err())
+	runInBackground(t, b.newConsumer(t, consumer.Config{}).Run)
+
+	waitFor(t, "the entry acknowledged", func() bool { return b.drained(t) })
+	require.Empty(t, b.emailsSent(t), "no email: the entry says nothing of its type")
+	dead, err := b.rdb.XRange(ctx, b.stream+".dead", "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, dead, 1, "acknowledged unhandled, and reported nowhere: order %s is never emailed", created["order_id"])
+	require.Equal(t, eventID, dead[0].Values["event_id"])
+	require.Contains(t, dead[0].Values["error"], "event_type")
+}
