@@ -74,7 +74,7 @@ relay cleanup --slot kept.`,
 		"mark the resets replayed even when rows over the payload limits were skipped whose parked copies are gone (discarded)")
 	fs.DurationVar(&o.inFlightWait, "in-flight-wait", time.Minute,
 		"first wait at most this long for the transactions running when the replay starts (relays' batches in flight) "+
-			"to end; above the relays' --in-flight times --publish-timeout plus 15s; 0: do not wait")
+			"to end; above the relays' --in-flight times --publish-timeout plus 15s; past it no reset is marked replayed; 0: do not wait")
 	fs.StringVar(&o.source, "source", string(relay.SourcePolling),
 		"the relays' --source: with LogicalReplication the rows are selected by created_at, not dispatched_at")
 	addOutputFlag(fs, &o.output)

@@ -52,7 +52,8 @@ type ReplayOptions struct {
 	AcceptUnparked bool
 	// KeepResets, when set, says why the replay marks no recorded reset
 	// replayed (ReplayResult.ResetsKept): the automatic replay's wait for
-	// the transactions in flight ended before they did.
+	// the transactions in flight ended before they did. InFlightWait
+	// ending before they did sets it too.
 	KeepResets string
 	// InFlightWait, when above 0, makes the replay first wait, at most
 	// that long, for every transaction running when it starts to end: a
@@ -84,7 +85,8 @@ type ReplayResult struct {
 	Incomplete string `json:"incomplete,omitempty"`
 	// StillRunning, when set, says that transactions running when the
 	// replay started had not ended after InFlightWait: a relay's batch
-	// among them that commits later was not replayed.
+	// among them that commits later was not replayed, so no reset was
+	// marked replayed (ResetsKept).
 	StillRunning string `json:"stillRunning,omitempty"`
 	// ResetsKept, when set, says why the replay marked no reset replayed
 	// though it ended: a replay by created_at (Created) over a bounded
@@ -141,6 +143,12 @@ func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redi
 			res.StillRunning = fmt.Sprintf("transactions running when the replay started had not ended after %s "+
 				"(see pg_stat_activity): a relay's batch among them that commits later is not in this replay; "+
 				"replay the window again once they have ended", o.InFlightWait)
+			// Its rows are not in this replay's read: the resets stay
+			// pending (StreamIntact, cleanup's hold, --pending), as the
+			// automatic replay's do when its own wait ends first.
+			o.KeepResets = cmp.Or(o.KeepResets, "transactions running when the replay started had not ended after "+
+				o.InFlightWait.String()+": a relay's batch among them may hold events the stream lost, and this replay "+
+				"did not see its rows; the resets stay pending, replay again once they have ended")
 		}
 	}
 	record, err := table.RecordReplay(ctx, db, o.Stream, o.Since, o.Until, "replayed: the rows of this window by "+by)

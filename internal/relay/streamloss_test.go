@@ -1427,3 +1427,54 @@ func TestAutoReplayKeepsTheResetWhenABatchOutlivesItsWait(t *testing.T) {
 	}
 	require.Contains(t, logs.String(), "had not ended")
 }
+
+// TestReplayKeepsTheResetsWhenItsInFlightWaitEnds: `relay replay` run
+// while a relay's batch that added its entries to the lost stream has not
+// committed, and the batch outlives --in-flight-wait. The replay's read
+// does not see the batch's rows, so it must not mark the reset replayed:
+// the reset stays pending (StreamIntact False, cleanup's hold, --pending),
+// as the automatic replay does in that case. Before, it warned
+// (stillRunning) but marked the reset replayed, and the batch's events,
+// never republished, were lost with the condition True and --pending
+// finding nothing.
+func TestReplayKeepsTheResetsWhenItsInFlightWaitEnds(t *testing.T) {
+	t.Parallel()
+	// A server of its own: the replay waits for every transaction on it.
+	b := setup(t, bundleOpts{dsn: testenv.StartPostgres(t).DSN(), redisURL: testenv.StartRedis(t).URL()})
+	ctx := context.Background()
+	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
+	relay := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, StreamCheckInterval: time.Hour})
+	ids := b.insert(t, 10)
+	var res ReplayResult
+	relay.testHookBeforeCommit = func(context.Context) error {
+		// The batch's entries are in the stream; Redis loses it, a relay
+		// records the reset, and a person replays at once, while this
+		// batch has not committed (a COMMIT waiting for a standby, say).
+		require.NoError(t, b.rdb.FlushAll(ctx).Err())
+		_, err := b.table.RecordStreamReset(ctx, b.db, outbox.StreamReset{Stream: b.stream,
+			WindowStart: time.Now().Add(-time.Minute), WindowEnd: time.Now(), Reason: "test: the stream is missing"}, time.Now())
+		require.NoError(t, err)
+		res, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream,
+			Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Hour), InFlightWait: 300 * time.Millisecond})
+		require.NoError(t, err)
+		return nil // then the batch commits
+	}
+	claimed, err := relay.runOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 10, claimed.claimed)
+	require.Contains(t, res.StillRunning, "had not ended after 300ms")
+	require.Zero(t, res.Republished, "the batch's rows were not committed yet")
+	require.Zero(t, res.ResetsReplayed, "a replay that did not see the batch's rows must not mark the reset replayed")
+	require.NotEmpty(t, res.ResetsKept)
+	p := b.pendingResets(t)
+	require.EqualValues(t, 1, p.Count, "the reset stays pending")
+
+	// Once the batch has ended, --pending republishes its rows and ends the reset.
+	since, until := ReplayWindow(*p.WindowStart, *p.WindowEnd, false)
+	res, err = Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: since, Until: until,
+		InFlightWait: 30 * time.Second})
+	require.NoError(t, err)
+	require.Empty(t, res.StillRunning)
+	require.EqualValues(t, 1, res.ResetsReplayed)
+	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
+}
