@@ -352,8 +352,8 @@ func (t *Table) PendingStreamResets(ctx context.Context, q Querier, stream strin
 	return p, nil
 }
 
-// MarkStreamResetsReplayed marks the resets of stream whose window lies
-// within [since, until] and that were detected before (PostgreSQL's clock:
+// MarkStreamResetsReplayed marks the resets of stream whose window (its end
+// included) lies within [since, until) and that were detected before (PostgreSQL's clock:
 // a replay's start) as replayed, and returns how many. A reset detected
 // since may have lost entries the replay added before it. A missing table
 // means none.

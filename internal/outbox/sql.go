@@ -470,10 +470,11 @@ WHERE replayed_at IS NULL
 	OR CASE WHEN replayed_at = 'infinity' THEN detected_at ELSE replayed_at END > now() - $1 * interval '1 second'`
 
 	// markStreamResetsReplayedSQL (with %[14]s the resets table) marks the
-	// resets of stream $1 whose window lies within [$2, $3] and that were
-	// detected before $4 as replayed.
+	// resets of stream $1 whose window [window_start, window_end], its end
+	// included, lies within the replay's [$2, $3), and that were detected
+	// before $4 as replayed: the replay read no row dispatched at $3.
 	markStreamResetsReplayedSQL = `UPDATE %[14]s SET replayed_at = now()
-WHERE stream = $1 AND replayed_at IS NULL AND window_start >= $2 AND window_end <= $3 AND detected_at < $4`
+WHERE stream = $1 AND replayed_at IS NULL AND window_start >= $2 AND window_end < $3 AND detected_at < $4`
 
 	// dispatchedSQL reads the rows dispatched in [$1, $2), oldest first by
 	// (created_at, id) as the claim orders them, for a replay. It is one

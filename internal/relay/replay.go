@@ -103,7 +103,7 @@ type ReplayResult struct {
 // first page, and its end when it ends (so that a reset found later, or
 // while it runs, covers the rows it added again, Table.RecordReplay), and
 // when every page went out, the recorded stream resets of the stream whose
-// window lies within [Since, Until], detected before the replay started,
+// window (its end included) lies within [Since, Until), detected before the replay started,
 // are marked replayed. On an error, what was republished so far is in the
 // result; running the same replay again is safe.
 func Replay(ctx context.Context, table *outbox.Table, db *pgxpool.Pool, rdb redis.UniversalClient,

@@ -1478,3 +1478,34 @@ func TestReplayKeepsTheResetsWhenItsInFlightWaitEnds(t *testing.T) {
 	require.EqualValues(t, 1, res.ResetsReplayed)
 	requireAtLeastOnce(t, b.readStream(t, b.stream), ids)
 }
+
+// TestReplayOfExactlyTheRecordedWindowCoversItsEnd: a reset's window
+// [start, end] includes its end (ReplayWindow adds a second), and a
+// replay reads the rows dispatched in [since, until), until excluded. A
+// person who replays exactly the recorded window (copied from `relay
+// backlog -o json`) reads no row dispatched at its end; such a replay must
+// not mark the reset replayed. Before, the mark took window_end <= until
+// and ended the reset without that row's event.
+func TestReplayOfExactlyTheRecordedWindowCoversItsEnd(t *testing.T) {
+	t.Parallel()
+	b := resettableBundle(t)
+	ctx := context.Background()
+	relay := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, StreamCheckInterval: time.Hour})
+	ids := b.insert(t, 3)
+	claimed, err := relay.runOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, claimed.claimed)
+	require.NoError(t, b.rdb.Del(ctx, b.stream).Err())
+	rec, err := b.table.RecordStreamReset(ctx, b.db, outbox.StreamReset{Stream: b.stream,
+		WindowStart: time.Now().Add(-time.Minute), WindowEnd: time.Now(), Reason: "test: the stream is missing"}, time.Now())
+	require.NoError(t, err)
+	// A batch whose transaction began as the record's did, to the microsecond.
+	_, err = b.db.Exec(ctx, `UPDATE `+b.table.String()+` SET dispatched_at = $1 WHERE id::text = $2`, rec.WindowEnd, ids[2])
+	require.NoError(t, err)
+	p := b.pendingResets(t)
+	res, err := Replay(ctx, b.table, b.db, b.rdb, ReplayOptions{Stream: b.stream, Since: *p.WindowStart, Until: *p.WindowEnd})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, res.Republished)
+	require.Zero(t, res.ResetsReplayed, "the row dispatched at the window's end was not republished")
+	require.EqualValues(t, 1, b.pendingResets(t).Count)
+}
