@@ -34,7 +34,7 @@ func (c *commitCutConn) Write(p []byte) (int, error) {
 func (c *commitCutConn) Read(p []byte) (int, error) {
 	if c.cut.Load() {
 		c.committed()
-		_ = c.Conn.Close()
+		_ = c.Close()
 	}
 	return c.Conn.Read(p)
 }
