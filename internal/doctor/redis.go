@@ -129,7 +129,7 @@ func GatherRedis(ctx context.Context, rdb redis.UniversalClient, t RedisTarget) 
 // either ("" when both answered, a missing stream included). Redis checks an
 // ACL before the key, so a refusal shows on a missing stream too.
 func streamCheckErr(ctx context.Context, rdb redis.UniversalClient, stream string) string {
-	if err := rdb.XInfoStream(ctx, stream).Err(); err != nil && !strings.Contains(err.Error(), "no such key") {
+	if err := rdb.XInfoStream(ctx, stream).Err(); err != nil && !redisconn.IsNoSuchKey(err) {
 		return errText(err)
 	}
 	if err := rdb.XRangeN(ctx, stream, "-", "+", 1).Err(); err != nil {

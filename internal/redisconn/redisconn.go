@@ -315,6 +315,12 @@ func New(raw string, o Options) (redis.UniversalClient, *Target, error) {
 	return c, t, nil
 }
 
+// IsNoSuchKey reports the error XINFO STREAM answers for a stream that
+// does not exist: an answer, not a failure.
+func IsNoSuchKey(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "no such key")
+}
+
 // NodeFor returns the client of the node that holds key: the master of
 // the key's slot in a cluster, rdb itself otherwise. Server-level commands
 // (CONFIG, INFO) sent through it describe the server that keeps the key.

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/redisconn"
 )
 
 // Defaults of the stream watch (Config).
@@ -185,7 +186,7 @@ func entryLost(cmd *redis.XMessageSliceCmd, id string, x *redis.XInfoStream) boo
 func (c *streamCheck) refused() error {
 	for _, err := range []error{c.info.Err(), c.ownErr(), c.lastErr()} {
 		var reply redis.Error
-		if err != nil && !isNoSuchKey(err) && errors.As(err, &reply) {
+		if err != nil && !redisconn.IsNoSuchKey(err) && errors.As(err, &reply) {
 			return err
 		}
 	}
@@ -215,7 +216,7 @@ func (r *Relay) noteRefusedLocked(c *streamCheck) {
 	g := &r.stream
 	err := c.refused()
 	if err == nil {
-		if c.info.Err() == nil || isNoSuchKey(c.info.Err()) {
+		if c.info.Err() == nil || redisconn.IsNoSuchKey(c.info.Err()) {
 			g.checksRefused = 0
 		}
 		return
@@ -231,11 +232,6 @@ func (r *Relay) noteRefusedLocked(c *streamCheck) {
 		"grant the relay's user +xinfo|stream and +xrange", "error", err.Error(), "refusedInARow", g.checksRefused)
 }
 
-// isNoSuchKey reports the XINFO error of a missing stream.
-func isNoSuchKey(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "no such key")
-}
-
 // observeLocked compares what the check (before this batch's XADDs) saw
 // with what the relay knew, reports a reset if the stream went back in
 // time, and then takes in the new state and the id of the batch's last
@@ -246,7 +242,7 @@ func (r *Relay) observeLocked(c *streamCheck, added string, n int) {
 	r.noteRefusedLocked(c)
 	g.noteIDLocked(added, now)
 	info := c.info
-	missing := isNoSuchKey(info.Err())
+	missing := redisconn.IsNoSuchKey(info.Err())
 	if info.Err() != nil && !missing {
 		// Redis did not answer: nothing learned. The XADDs' ids still count.
 		if added != "" && g.known && compareIDs(added, g.lastID) > 0 {
@@ -408,7 +404,7 @@ func groupsBound(ctx context.Context, rdb redis.UniversalClient, stream string, 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	groups, err := rdb.XInfoGroups(ctx, stream).Result()
-	if isNoSuchKey(err) {
+	if redisconn.IsNoSuchKey(err) {
 		return "", nil, nil
 	}
 	if err != nil {

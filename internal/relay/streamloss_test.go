@@ -642,6 +642,18 @@ func resettableBundle(t *testing.T) *testBundle {
 	return b
 }
 
+// waitingReplayBundle is resettableBundle on a PostgreSQL server of its
+// own, for a test whose replay waits (InFlightWait) for the transactions
+// running on the server: other tests' long ones on a shared server would
+// hold that wait, and a batch left idle in its transaction meanwhile would
+// pass its timeout.
+func waitingReplayBundle(t *testing.T) *testBundle {
+	t.Helper()
+	b := setup(t, bundleOpts{dsn: testenv.StartPostgres(t).DSN(), redisURL: testenv.StartRedis(t).URL()})
+	require.NoError(t, b.table.EnsureStreamResetsTable(context.Background(), b.db))
+	return b
+}
+
 // oldStreamDrained sets up a bundle with a stream-resets table, an event
 // published ten minutes ago (oldEntry) and 20 more a relay drained; it
 // returns the relay, when the old event was published and every event's id.
@@ -1302,12 +1314,8 @@ func TestReplayOfAnExplicitCreatedWindowKeepsTheResetPending(t *testing.T) {
 // stayed lost (found by a review, 2026-12-05).
 func TestReplayDoesNotMarkAResetFoundDuringItsInFlightWait(t *testing.T) {
 	t.Parallel()
-	// A server of its own: the replay waits for every transaction running
-	// on the server, and other tests' long ones would hold it (and this
-	// batch, idle in its transaction meanwhile, past its timeout).
-	b := setup(t, bundleOpts{dsn: testenv.StartPostgres(t).DSN(), redisURL: testenv.StartRedis(t).URL()})
+	b := waitingReplayBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	relay := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, StreamCheckInterval: time.Hour})
 	ids := b.insert(t, 10)
 
@@ -1439,10 +1447,8 @@ func TestAutoReplayKeepsTheResetWhenABatchOutlivesItsWait(t *testing.T) {
 // finding nothing.
 func TestReplayKeepsTheResetsWhenItsInFlightWaitEnds(t *testing.T) {
 	t.Parallel()
-	// A server of its own: the replay waits for every transaction on it.
-	b := setup(t, bundleOpts{dsn: testenv.StartPostgres(t).DSN(), redisURL: testenv.StartRedis(t).URL()})
+	b := waitingReplayBundle(t)
 	ctx := context.Background()
-	require.NoError(t, b.table.EnsureStreamResetsTable(ctx, b.db))
 	relay := b.newRelay(t, Config{BatchSize: 10, InFlight: 1, StreamCheckInterval: time.Hour})
 	ids := b.insert(t, 10)
 	var res ReplayResult
