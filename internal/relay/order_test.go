@@ -608,26 +608,35 @@ func TestPerKeyOwnershipSessionsTerminatedMidDrain(t *testing.T) {
 				return r
 			}
 			stops := []func() error{runInBackground(t, newRelay()), runInBackground(t, newRelay()), runInBackground(t, newRelay())}
+			// The test's own session, outside the pool the relays share:
+			// a kill meant for an ownership session that lands on a pool
+			// connection (the lock list and the activity view are read at
+			// different instants) then fails a relay's statement, which
+			// the relay retries, never the test's.
+			admin, err := pgx.Connect(context.Background(), b.db.Config().ConnString())
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = admin.Close(context.Background()) })
 			pending := func() int64 {
 				var n int64
 				q := `SELECT count(*) FROM outbox_events WHERE dispatched_at IS NULL`
 				if d == outbox.DeleteOnDispatch {
 					q = `SELECT count(*) FROM outbox_events`
 				}
-				require.NoError(t, b.db.QueryRow(context.Background(), q).Scan(&n))
+				require.NoError(t, admin.QueryRow(context.Background(), q).Scan(&n))
 				return n
 			}
 			kills := 0
 			for i := 0; i < 15 && pending() > 300; i++ {
 				time.Sleep(150 * time.Millisecond)
-				pids := b.ownershipPIDs(t)
+				pids := ownershipPIDs(t, admin)
 				if len(pids) > 0 {
-					_, err := b.db.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pids[i%len(pids)])
+					_, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pids[i%len(pids)])
 					require.NoError(t, err)
 					kills++
 				}
 			}
 			t.Logf("ownership sessions terminated: %d", kills)
+			require.Positive(t, kills, "no ownership session was found to terminate")
 			waitFor(t, "drained", func() bool { return pending() == 0 })
 			for _, s := range stops {
 				require.NoError(t, s())
@@ -637,12 +646,14 @@ func TestPerKeyOwnershipSessionsTerminatedMidDrain(t *testing.T) {
 	}
 }
 
-// ownershipPIDs are the sessions that hold advisory locks while idle
-// outside a transaction: the relays' ownership sessions.
-func (b *testBundle) ownershipPIDs(t *testing.T) []int64 {
+// ownershipPIDs are the sessions that hold exclusive advisory locks
+// while idle outside a transaction: the relays' ownership sessions (a
+// batch takes its fences shared, in its transaction).
+func ownershipPIDs(t *testing.T, admin *pgx.Conn) []int64 {
 	t.Helper()
-	rows, err := b.db.Query(context.Background(), `SELECT DISTINCT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database() AND a.state = 'idle'`)
+	rows, err := admin.Query(context.Background(), `SELECT DISTINCT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND l.granted
+		AND a.datname = current_database() AND a.state = 'idle' AND l.pid <> pg_backend_pid()`)
 	require.NoError(t, err)
 	pids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
