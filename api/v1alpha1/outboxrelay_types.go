@@ -314,12 +314,18 @@ type RelaySpec struct {
 	// env adds environment variables to the relay and cleanup containers:
 	// RELAY_<FLAG> sets a flag of the relay that the operator does not set
 	// (docs/relay-cli.md), PGSSLROOTCERT and the like configure libpq.
-	// DATABASE_URL and REDIS_URL are the operator's and are refused.
+	// DATABASE_URL and REDIS_URL are the operator's and are refused, as are
+	// RELAY_SOURCE, RELAY_SLOT and RELAY_CLEANUP_MODE: the operator passes
+	// those flags only when they differ from the defaults, so a variable
+	// would set them behind spec.source and spec.cleanup.mode (RELAY_SLOT on
+	// a Polling relay turns its cleanup into cleanup --slot, which deletes
+	// rows by age, dispatched or not).
 	// +optional
 	// +listType=map
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:XValidation:rule="self.all(e, e.name != 'DATABASE_URL' && e.name != 'REDIS_URL')",message="relay.env must not set DATABASE_URL or REDIS_URL: the operator sets them from postgres.dsnSecretRef and redis.urlSecretRef"
+	// +kubebuilder:validation:XValidation:rule="self.all(e, !(e.name in ['RELAY_SOURCE', 'RELAY_SLOT', 'RELAY_CLEANUP_MODE']))",message="relay.env must not set RELAY_SOURCE, RELAY_SLOT or RELAY_CLEANUP_MODE: use spec.source and spec.cleanup.mode (the operator names the slot); as variables they reach the cleanup container too, and RELAY_SLOT makes a Polling relay's cleanup delete rows by age, dispatched or not"
 	Env []corev1.EnvVar `json:"env,omitempty"`
 
 	// volumes adds volumes to the relay and cleanup pods, for example a

@@ -252,3 +252,28 @@ func logProgress(t *testing.T, db *pgxpool.Pool, slot string, ago time.Duration,
 		VALUES ($1, now() - make_interval(secs => $2), $3)`, slot, ago.Seconds(), lastCommit)
 	require.NoError(t, err)
 }
+
+// TestCleanupTakesTheSlotFromTheEnvironment pins why an OutboxRelay's
+// relay.env may not set RELAY_SLOT (api/v1alpha1, relay.env): the operator
+// passes --slot to the cleanup container only with source
+// LogicalReplication, so on a Polling relay the variable fills it in, and
+// cleanup --slot deletes rows by age, pending ones included.
+func TestCleanupTakesTheSlotFromTheEnvironment(t *testing.T) {
+	t.Parallel()
+	dsn, db := freshDB(t)
+	pendingIDs := insertRows(t, db, "pending", 3, "") // created 3 hours ago, never dispatched
+	table := outbox.MustNew("", outbox.Columns{})
+	require.NoError(t, table.EnsureProgressTable(t.Context(), db))
+	// The progress a LogicalReplication relay of this table left behind.
+	require.NoError(t, table.RecordProgress(t.Context(), db, "polling_was_a_slot", time.Now().Add(-2*time.Hour), true, nil))
+	logProgress(t, db, "polling_was_a_slot", 90*time.Minute, time.Now().Add(-2*time.Hour))
+
+	// The arguments of a Polling relay's cleanup CronJob (no --slot).
+	args := []string{"cleanup", "--retention", "1h", "--batch-size", "1000"}
+	res := requireSuccess(t, relayEnv("DATABASE_URL="+dsn), args...)
+	requireDeleted(t, res, "0", "1h0m0s")
+	require.ElementsMatch(t, pendingIDs, allRowIDs(t, db), "without the variable no pending row is deleted")
+
+	requireSuccess(t, relayEnv("DATABASE_URL="+dsn, "RELAY_SLOT=polling_was_a_slot"), args...)
+	require.Empty(t, allRowIDs(t, db), "with RELAY_SLOT the same command deleted the pending rows")
+}

@@ -113,6 +113,17 @@ func testAdmissionRejectsInvalidRelays(t *testing.T, s *suite) {
 			[]string{"spec.relay.logLevel", "Unsupported value"}},
 		{"EnvSetsDatabaseURL", map[string]any{"spec.relay.env": []any{map[string]any{"name": "DATABASE_URL", "value": "postgres://x"}}},
 			[]string{"spec.relay.env", "relay.env must not set DATABASE_URL or REDIS_URL"}},
+		// The operator passes --source, --slot and --cleanup-mode only when
+		// they differ from the defaults, so these variables would fill them
+		// in behind the spec. RELAY_SLOT on a Polling relay reaches its
+		// cleanup container too: relay cleanup --slot deletes rows by age
+		// whether dispatched or not.
+		{"EnvSetsSlot", map[string]any{"spec.relay.env": []any{map[string]any{"name": "RELAY_SLOT", "value": "orders"}}},
+			[]string{"spec.relay.env", "relay.env must not set RELAY_SOURCE, RELAY_SLOT or RELAY_CLEANUP_MODE"}},
+		{"EnvSetsSource", map[string]any{"spec.relay.env": []any{map[string]any{"name": "RELAY_SOURCE", "value": "LogicalReplication"}}},
+			[]string{"spec.relay.env", "relay.env must not set RELAY_SOURCE, RELAY_SLOT or RELAY_CLEANUP_MODE"}},
+		{"EnvSetsCleanupMode", map[string]any{"spec.relay.env": []any{map[string]any{"name": "RELAY_CLEANUP_MODE", "value": "OnDispatch"}}},
+			[]string{"spec.relay.env", "relay.env must not set RELAY_SOURCE, RELAY_SLOT or RELAY_CLEANUP_MODE"}},
 		{"VolumeHostPath", map[string]any{"spec.relay.volumes": []any{map[string]any{"name": "host", "hostPath": map[string]any{"path": "/"}}}},
 			[]string{"spec.relay.volumes", "the kinds the restricted Pod Security Standard admits"}},
 		{"VolumeNamedRedisCA", map[string]any{"spec.relay.volumes": []any{map[string]any{"name": "redis-ca", "emptyDir": map[string]any{}}}},
