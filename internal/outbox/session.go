@@ -105,10 +105,28 @@ func warmForClaims(ctx context.Context, c *pgx.Conn) (bool, error) {
 // where nothing else can run the query.
 var stablePlanParams = []string{"enable_seqscan", "enable_bitmapscan", "enable_hashjoin", "enable_mergejoin"}
 
+// TextOutputParams are the run-time parameters that decide the text of a
+// value (a column's ::text, a type's output function), each at PostgreSQL's
+// default but TimeZone, which is UTC (see the package doc). Every session
+// that reads events sets them, as does the logical replication reader: an
+// event's id and key are that text, and a database or role may set them
+// otherwise (ALTER ROLE ... SET DateStyle = 'SQL, DMY', bytea_output =
+// 'escape'), which would change a date key or a bytea id from one session
+// to the next, and the key's partition with it.
+func TextOutputParams() map[string]string {
+	return map[string]string{
+		"TimeZone":           "UTC",
+		"DateStyle":          "ISO",
+		"IntervalStyle":      "postgres",
+		"extra_float_digits": "1",
+		"bytea_output":       "hex",
+	}
+}
+
 // RuntimeParams returns the settings as pgx ConnConfig.RuntimeParams, with
-// TimeZone UTC (see the package doc).
+// TextOutputParams.
 func (s SessionSettings) RuntimeParams() map[string]string {
-	p := map[string]string{"TimeZone": "UTC"}
+	p := TextOutputParams()
 	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 	secs := func(d time.Duration) string { return strconv.FormatInt(max(int64(d/time.Second), 1), 10) }
 	if s.StatementTimeout > 0 {

@@ -80,3 +80,53 @@ func TestWarmForClaims(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{warmAllocatorSQL, warmAllocatorSQL}, last, "each session ran the warm-up last")
 }
+
+// TestClaimTextIgnoresTheDatabasesOutputSettings: the claim reads every
+// column as text (id::text, key::text), and a column's text follows the
+// session's output settings, which a database or role may set
+// (ALTER DATABASE ... SET bytea_output = 'escape'). The relay's sessions pin
+// them, so an event's id and key are the same text whoever set what: here a
+// bytea id (a binary UUID or ULID) and a date key, whose partition is the
+// hash of that same text.
+func TestClaimTextIgnoresTheDatabasesOutputSettings(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testenv.Postgres(t)
+	admin, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer func() { _ = admin.Close(ctx) }()
+	_, err = admin.Exec(ctx, `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET bytea_output = %L', current_database(), 'escape');
+		EXECUTE format('ALTER DATABASE %I SET DateStyle = %L', current_database(), 'SQL, DMY');
+		EXECUTE format('ALTER DATABASE %I SET IntervalStyle = %L', current_database(), 'sql_standard');
+		EXECUTE format('ALTER DATABASE %I SET extra_float_digits = %L', current_database(), '-3');
+	END $$;
+	CREATE TABLE outbox_events (id bytea PRIMARY KEY, event_type text NOT NULL, payload text NOT NULL,
+		day date, created_at timestamptz NOT NULL DEFAULT now(), dispatched_at timestamptz);
+	INSERT INTO outbox_events (id, event_type, payload, day) VALUES ('\x01a2ff', 't', 'p', '2026-12-25')`)
+	require.NoError(t, err)
+
+	tbl := MustNew("", Columns{Key: "day"})
+	cfg, err := PoolConfig(dsn, SessionSettings{}, 1)
+	require.NoError(t, err)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg) // sessions opened after the ALTERs: they get the database's settings
+	require.NoError(t, err)
+	defer pool.Close()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	const partitions = 1024
+	all := make([]int64, partitions)
+	for i := range all {
+		all[i] = int64(i)
+	}
+	events, err := tbl.ClaimKeyed(ctx, tx, MarkDispatched, Rows(10), partitions, all)
+	require.NoError(t, err)
+	require.Len(t, events, 1)
+	require.Equal(t, `\x01a2ff`, events[0].ID, "bytea_output hex, PostgreSQL's default")
+	require.Equal(t, "2026-12-25", events[0].Key, "DateStyle ISO, PostgreSQL's default")
+	var want int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT (hashtextextended('2026-12-25', 0) & 9223372036854775807) % $1`,
+		partitions).Scan(&want))
+	require.Equal(t, want, events[0].Partition, "the partition of the ISO text")
+}
