@@ -215,7 +215,7 @@ func (r *Reader) decode(walData []byte) error {
 			r.relations[m.RelationID] = &relation{foreign: true}
 			break
 		}
-		r.relations[m.RelationID] = newRelation(m, r.columns)
+		r.relations[m.RelationID] = newRelation(m, r.columns, r.castTypes)
 	case *pglogrepl.BeginMessage:
 		r.inTx = true
 	case *pglogrepl.InsertMessage:

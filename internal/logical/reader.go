@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -32,6 +33,7 @@ type Reader struct {
 	columns   outbox.Columns
 	types     *pgtype.Map
 	relations map[uint32]*relation // by relation id, from the latest RelationMessage
+	castTypes map[uint32]textCast  // the types whose ::text is not their output text, at Open (castTypesSQL)
 	tree      map[uint32]bool      // the outbox table's tree at the last look (Saw); nil before
 
 	// confirmed is what the caller confirmed, the only position ever sent
@@ -53,9 +55,11 @@ type Reader struct {
 // Open connects for replication with cfg (a parsed DSN, with its TLS,
 // dialer and fallbacks; it is copied, not changed) and starts streaming the
 // slot of o from its confirmed position: what was confirmed is never read
-// again, what was not is. The session runs with TimeZone UTC and DateStyle
-// ISO, which the decoding of timestamps relies on, and without
-// statement_timeout, since the stream is one statement that never ends.
+// again, what was not is. The session runs with the relay's sessions' output
+// settings (outbox.TextOutputParams: TimeZone UTC and DateStyle ISO, which
+// the decoding of timestamps relies on, bytea_output hex, ...), so a column
+// comes as the text those read, and without statement_timeout, since the
+// stream is one statement that never ends.
 //
 // A slot that cannot stream gives ErrSlotNotFound, ErrSlotInvalidated or
 // ErrSlotInUse. Errors never hold the password.
@@ -72,8 +76,9 @@ func Open(ctx context.Context, cfg *pgconn.Config, o Options) (*Reader, error) {
 		c.RuntimeParams = map[string]string{}
 	}
 	c.RuntimeParams["replication"] = "database"
-	c.RuntimeParams["TimeZone"] = "UTC"
-	c.RuntimeParams["DateStyle"] = "ISO"
+	for k, v := range outbox.TextOutputParams() { // the text of every column, as the relay's sessions read it
+		c.RuntimeParams[k] = v
+	}
 	c.RuntimeParams["statement_timeout"] = "0"
 	// A context that ends interrupts a read by the socket's deadline, which
 	// keeps the stream; a cancel request (another handler) would end it.
@@ -105,7 +110,32 @@ func (r *Reader) start(ctx context.Context) error {
 	if err := r.readSlot(ctx); err != nil {
 		return err
 	}
+	if err := r.readCastTypes(ctx); err != nil {
+		return err
+	}
 	return r.startReplication(ctx)
+}
+
+// readCastTypes reads the types whose cast to text is not the text
+// pgoutput sends (castTypesSQL), which the decoder turns into it. A domain
+// over one of them created after Open is not among them (until the next
+// Open).
+func (r *Reader) readCastTypes(ctx context.Context) error {
+	results, err := r.conn.Exec(ctx, castTypesSQL).ReadAll()
+	if err != nil {
+		return fmt.Errorf("listing the types cast to text by a function: %w", classify(err))
+	}
+	r.castTypes = map[uint32]textCast{}
+	for _, res := range results {
+		for _, row := range res.Rows {
+			oid, err := strconv.ParseUint(string(row[0]), 10, 32)
+			if err != nil {
+				return fmt.Errorf("listing the types cast to text by a function: oid %q: %w", row[0], err)
+			}
+			r.castTypes[uint32(oid)] = textCasts[string(row[1])]
+		}
+	}
+	return nil
 }
 
 // readSlot looks up the slot on the replication connection and takes its

@@ -199,6 +199,16 @@ FROM pg_settings WHERE name = 'max_slot_wal_keep_size'`
 	// replication connection: where the slot stands, before streaming.
 	replSlotSQL = `SELECT confirmed_flush_lsn, wal_status, plugin, database = current_database()
 FROM pg_replication_slots WHERE slot_name = '%s'`
+
+	// castTypesSQL lists the types whose cast to text is not their output
+	// text (pg_cast: the casts to text by a function other than the output
+	// function), with the domains over them at any depth, each with its
+	// base type: char(n) (bpchar), boolean and inet (castText).
+	castTypesSQL = `WITH RECURSIVE t AS (
+	SELECT oid, typname::text AS base FROM pg_type WHERE oid IN ('bpchar'::regtype, 'bool'::regtype, 'inet'::regtype)
+	UNION SELECT d.oid, t.base FROM pg_type d JOIN t ON d.typbasetype = t.oid WHERE d.typtype = 'd'
+)
+SELECT oid::text, base FROM t`
 )
 
 // quotedTable is the table's name quoted as the outbox package quotes it,

@@ -145,7 +145,7 @@ func TestRelationMapsColumnsByName(t *testing.T) {
 			}
 			m.Columns = append(m.Columns, &pglogrepl.RelationMessageColumn{Name: n, DataType: oid})
 		}
-		return newRelation(m, cols)
+		return newRelation(m, cols, nil)
 	}
 
 	// Another order than the default table's, and a column the layout does not know.
