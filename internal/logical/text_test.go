@@ -60,7 +60,8 @@ func TestDecodedEventsAreTheTextTheClaimReads(t *testing.T) {
 			pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
 			require.NoError(t, err)
 			defer pool.Close()
-			rows, err := pool.Query(b.ctx, `SELECT id::text, event_type::text, payload::text FROM outbox_events ORDER BY ctid`) // insertion order, the stream's
+			// In insertion order, the stream's.
+			rows, err := pool.Query(b.ctx, `SELECT id::text, event_type::text, payload::text FROM outbox_events ORDER BY ctid`)
 			require.NoError(t, err)
 			var want [][3]string
 			for rows.Next() {
