@@ -534,6 +534,9 @@ func (e *YoungProgressError) Error() string {
 // catch-up after a lost slot would read; for a `timestamp without time zone` created_at it is
 // LocalTimeSkew longer, as the catch-up's reach. It returns the rows deleted and the cutoff used.
 // Without a log entry a retention old it deletes nothing: YoungProgressError.
+// While relays of other streams are registered (CheckSlotAlone: rows they
+// did not publish yet would go) it deletes nothing and returns a
+// SlotNotAloneError.
 // While a stream reset waits for a replay, or was replayed less than the
 // retention ago (ResetsHold), it deletes nothing and returns a
 // ResetsPendingError: the replay of that source republishes every row
@@ -551,9 +554,13 @@ func (t *Table) DeleteStreamed(ctx context.Context, q Querier, slot string, rete
 	if !ok || p.LastCommit == nil {
 		return 0, time.Time{}, fmt.Errorf("%w: %s in %s (has its relay run?)", ErrNoProgress, slot, t.ProgressTable())
 	}
-	// The resets' hold stops the deletes: checked first and again before
-	// each batch, as a reset recorded while they run holds too.
+	// Relays of other streams (CheckSlotAlone) and the resets' hold stop
+	// the deletes: checked first and again before each batch, as a relay
+	// or a reset recorded while they run holds too.
 	held := func(ctx context.Context) error {
+		if err := t.CheckSlotAlone(ctx, q, slot); err != nil {
+			return err
+		}
 		hold, err := t.ResetsHold(ctx, q, retention)
 		if err == nil && hold != nil {
 			err = &ResetsPendingError{ResetsTable: t.StreamResetsTable(), Since: hold.Since, Replayed: !hold.Pending,

@@ -26,8 +26,11 @@ func (t *Table) StreamResetsTable() string {
 	return t.StreamResetsTableName()
 }
 
-// StreamResetsDDL creates only the stream-resets table.
-func (t *Table) StreamResetsDDL() string { return t.resets(streamResetsDDL) }
+// StreamResetsDDL creates only the stream-resets and stream-state tables,
+// and the relays table (relays.go).
+func (t *Table) StreamResetsDDL() string {
+	return t.resets(streamResetsDDL) + "\n" + t.relays(relaysDDL)
+}
 
 // StreamStateTableName is the name of the table, beside the outbox table,
 // where relays record what they last saw of their stream (StreamState).

@@ -211,10 +211,11 @@ func (t *Table) Channel() string {
 
 // CompanionTableNames are the unqualified names of the tables the relays
 // keep beside the outbox table, in its schema: dead letters, stream resets
-// and state, the slot relays' progress and its log. None holds outbox rows.
+// and state, the slot relays' progress and its log, the relays. None holds
+// outbox rows.
 func (t *Table) CompanionTableNames() []string {
 	return []string{t.DeadLetterTableName(), t.StreamResetsTableName(), t.StreamStateTableName(),
-		t.ProgressTableName(), t.ProgressLogTableName()}
+		t.ProgressTableName(), t.ProgressLogTableName(), t.RelaysTableName()}
 }
 
 // objectName derives the name of an object that belongs to the table (index,
