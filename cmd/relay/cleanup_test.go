@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-dev/outbox-operator/internal/logical"
 	"github.com/outbox-dev/outbox-operator/internal/outbox"
+	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
 // insertRows writes n rows of kind (the event_type) created three hours ago
@@ -276,4 +277,52 @@ func TestCleanupTakesTheSlotFromTheEnvironment(t *testing.T) {
 
 	requireSuccess(t, relayEnv("DATABASE_URL="+dsn, "RELAY_SLOT=polling_was_a_slot"), args...)
 	require.Empty(t, allRowIDs(t, db), "with RELAY_SLOT the same command deleted the pending rows")
+}
+
+// TestCleanupOfStreamedRowsRefusesBesideARelayOfAnotherStream: one
+// OutboxRelay per table. A Polling relay of another stream ran on the
+// slot's table and stopped (suspended) with rows it has not published;
+// cleanup --slot must not delete them by the slot's progress: it deletes
+// nothing and fails, naming the other relay, until that relay is forgotten.
+// A Polling relay of the slot relay's own stream is no reason: the slot's
+// relay published those rows there.
+func TestCleanupOfStreamedRowsRefusesBesideARelayOfAnotherStream(t *testing.T) {
+	t.Parallel()
+	dsn, db := freshDB(t)
+	rs := testenv.StartRedis(t)
+	rdb := redisClient(t, rs.URL())
+	published := insertEvents(t, db, 5)
+	r := startRun(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+rs.URL()), "--stream", "polled")
+	waitUntil(t, r.relayProc, "the Polling relay published its rows", func() bool { return pending(t, db) == 0 })
+	require.Equal(t, published, eventIDs(readStream(t, rdb, "polled")))
+	sigterm(t, r.relayProc)
+
+	// Rows written while the Polling relay is stopped: its to publish.
+	unpublished := insertRows(t, db, "unpublished", 3, "")
+	table := outbox.MustNew("", outbox.Columns{})
+	require.NoError(t, table.EnsureProgressTable(t.Context(), db))
+	require.NoError(t, table.RecordProgress(t.Context(), db, "orders", time.Now().Add(-2*time.Hour), true, nil))
+	logProgress(t, db, "orders", 90*time.Minute, time.Now().Add(-2*time.Hour))
+	// The slot's relay, of another stream, as it registers.
+	_, err := table.RecordRelay(t.Context(), db, outbox.TableRelay{Stream: "streamed", Slot: "orders"})
+	require.NoError(t, err)
+
+	args := []string{"cleanup", "--slot", "orders", "--retention", "1h", "--catch-up-margin", "5m"}
+	res := execRelay(t, relayEnv("DATABASE_URL="+dsn), args...)
+	require.ElementsMatch(t, sorted(published, unpublished), allRowIDs(t, db),
+		"no row deleted: the Polling relay has not published three of them")
+	require.NotZero(t, res.code, "cleanup --slot beside a relay of another stream must fail\n%s%s", res.stdout, res.stderr)
+	require.Contains(t, res.stderr, "deleting nothing by the progress of slot orders")
+	require.Contains(t, res.stderr, "stream polled (source Polling)")
+	require.Contains(t, res.stderr, "DELETE FROM outbox_events_relays")
+	require.NotContains(t, res.stderr, dsn)
+
+	// Gone for good: forgotten as the error says, the cleanup deletes.
+	execSQL(t, db, `DELETE FROM outbox_events_relays WHERE stream = 'polled' AND slot = ''`)
+	// A Polling relay of the slot's own stream is no reason to refuse.
+	_, err = table.RecordRelay(t.Context(), db, outbox.TableRelay{Stream: "streamed"})
+	require.NoError(t, err)
+	res = requireSuccess(t, relayEnv("DATABASE_URL="+dsn), args...)
+	require.Regexp(t, `^deleted 3 rows created before `, res.stdout)
+	require.ElementsMatch(t, published, allRowIDs(t, db), "the rows created after the slot's commit less the margin stay")
 }

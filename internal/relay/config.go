@@ -144,6 +144,10 @@ type Config struct {
 	// that never removes an entry a consumer group has not yet been
 	// delivered and acknowledged (trim.go); zero: no trimming.
 	Trim TrimPolicy
+	// TableCheckInterval is how often the relay refreshes its row in the
+	// table's relays table and looks for relays of other streams or of the
+	// other source (shared.go); default DefaultTableCheckInterval.
+	TableCheckInterval time.Duration
 	// StreamCheckInterval is how often the stream is looked at between
 	// batches for a reset, and its consumer groups' positions read;
 	// default DefaultStreamCheckInterval (streamloss.go).
@@ -211,6 +215,7 @@ func (c Config) withDefaults() Config {
 	c.MissingTableBackoff = cmp.Or(c.MissingTableBackoff, DefaultMissingTableBackoff)
 	c.WaitTimeout = cmp.Or(c.WaitTimeout, DefaultWaitTimeout)
 	c.StreamCheckInterval = cmp.Or(c.StreamCheckInterval, DefaultStreamCheckInterval)
+	c.TableCheckInterval = cmp.Or(c.TableCheckInterval, DefaultTableCheckInterval)
 	c.AutoReplayMaxWindow = cmp.Or(c.AutoReplayMaxWindow, DefaultAutoReplayMaxWindow)
 	c.Trim = c.Trim.withDefaults()
 	c.Ordering = cmp.Or(c.Ordering, OrderingNone)

@@ -34,6 +34,11 @@ const (
 	// deleting a claimed row would delete other outbox rows with it, never
 	// published (a foreign key ON DELETE CASCADE within the table's tree).
 	ErrorKindDeleteCascades = "delete_cascades"
+	// ErrorKindTableShared: other relays of the outbox table publish to
+	// other streams or with the other source (the relays table,
+	// shared.go): a Polling relay claims nothing meanwhile, a slot's relay
+	// streams on and says so.
+	ErrorKindTableShared = "table_shared"
 )
 
 // The phases of outbox_relay_batch_phase_seconds, in a batch's order.
@@ -116,7 +121,7 @@ func NewMetrics() *Metrics {
 	for _, k := range []string{
 		ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout,
 		ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas, ErrorKindSlotInvalidated, ErrorKindSlotMissing,
-		ErrorKindPublicationChanged, ErrorKindStreamCheck, ErrorKindDeleteCascades,
+		ErrorKindPublicationChanged, ErrorKindStreamCheck, ErrorKindDeleteCascades, ErrorKindTableShared,
 	} {
 		m.Errors.WithLabelValues(k)
 	}

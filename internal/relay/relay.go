@@ -54,6 +54,9 @@ type Relay struct {
 	// out (claimSize, claimFailed), cut to the rows that fit after a claim
 	// over BatchBytes (overBudget).
 	claimLimit atomic.Int64
+	// shared is what the relay last found of the table's other relays
+	// (shared.go).
+	shared tableShare
 	// cascades is the last look for foreign keys through which a deleting
 	// claim would delete unclaimed rows (cleanup mode OnDispatch only).
 	cascades cascadeCheck
@@ -152,6 +155,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	var background sync.WaitGroup
 	background.Go(func() { r.listen(listenCtx) })
 	background.Go(func() { r.watchStream(listenCtx, saved) }) // stream resets, trimming (streamloss.go, trim.go)
+	background.Go(func() { r.watchTable(listenCtx) })         // the table's other relays (shared.go)
 
 	switch {
 	case r.cfg.Source == SourceLogicalReplication:
@@ -501,6 +505,8 @@ func (r *Relay) report(err error, failures int, delay time.Duration) {
 		msg, level = "Outbox column not found, retrying", slog.LevelError
 	case ErrorKindDeleteCascades:
 		msg, level = "Cleanup mode OnDispatch claims nothing: its deletes would cascade to unpublished rows, retrying", slog.LevelError
+	case ErrorKindTableShared:
+		msg, level = "Claiming nothing: other relays of the table publish to other streams or with the other source, retrying", slog.LevelError
 	case ErrorKindDeadLetterTableMissing:
 		msg, level = "Dead-letter table not found: a row that cannot be published holds up its batch, retrying", slog.LevelError
 	}
@@ -518,6 +524,8 @@ func errorKind(err error) string {
 		return ErrorKindLayout
 	case errors.Is(err, outbox.ErrDeleteCascades):
 		return ErrorKindDeleteCascades
+	case errors.Is(err, outbox.ErrTableShared):
+		return ErrorKindTableShared
 	case errors.Is(err, outbox.ErrDeadLetterTableNotFound):
 		return ErrorKindDeadLetterTableMissing
 	case errors.As(err, &pe):
@@ -553,6 +561,10 @@ func (r *Relay) runOnce(ctx context.Context) (*result, error) {
 func (r *Relay) claim(ctx context.Context, o *ownership, frontier *outbox.Frontier) (*batch, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.batchTimeout())
 	b := &batch{ctx: bctx, cancel: cancel, start: time.Now()}
+	if err := r.shared.refusal(r.cfg.Table); err != nil {
+		cancel()
+		return nil, err // claimed rows would go to this stream only, or beside a slot's relay
+	}
 	tx, err := r.db.Begin(outbox.ForClaims(ctx)) // a session's first claim warms it (SessionSettings.WarmAllocator)
 	if err != nil {
 		cancel()
