@@ -112,8 +112,7 @@ func (r *Relay) lookAtTable(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	t, self := r.cfg.Table, r.self()
-	now, err := t.RecordRelay(ctx, r.db, self)
-	if err != nil {
+	if _, err := t.RecordRelay(ctx, r.db, self); err != nil {
 		if ctx.Err() == nil && !r.shared.warned {
 			r.shared.warned = true
 			r.log.Warn("Could not register the relay in the relays table; another relay of the table, of another stream "+
