@@ -77,6 +77,8 @@ type producers struct {
 	reserved atomic.Int64 // rows handed to transactions so far
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
+	// start is when the producers began; done when the last one returned.
+	start, done time.Time
 }
 
 // startProducers starts the producers; they stop after cfg.events rows
@@ -97,11 +99,13 @@ func startProducers(t testing.TB, cfg producerConfig) *producers {
 		}
 	}
 	start := time.Now()
+	p.start = start
 	for i, conn := range conns {
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
 			defer func() { _ = conn.Close(context.Background()) }()
+			defer p.returned()
 			rng := rand.New(rand.NewPCG(uint64(start.UnixNano()), uint64(i)))
 			insert := cfg.insert
 			if cfg.insertFor != nil {
@@ -183,6 +187,21 @@ func (p *producers) record(rows []Committed) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.rows = append(p.rows, rows...)
+}
+
+// returned notes that a producer returned: the last one's time is done.
+func (p *producers) returned() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done = time.Now()
+}
+
+// took is how long the producers wrote, from their start until the last
+// one returned (call it after wait).
+func (p *producers) took() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done.Sub(p.start)
 }
 
 func (p *producers) fail(err error) {
