@@ -88,8 +88,9 @@ func TestSentinelFailoverLossHiddenByAnotherWriterIsFound(t *testing.T) {
 	r := b.deploymentRelay(t, rdb, cfg)
 	stop = runInBackground(t, r)
 	b.insert(t, 3)
-	require.Eventually(t, func() bool { return b.backlog(t) == 0 && b.pendingResets(t).Count == 1 }, 20*time.Second,
-		50*time.Millisecond, "the next relay finds and records the reset")
+	waitFor(t, "the next relay finds and records the reset", func() bool {
+		return b.backlog(t) == 0 && b.pendingResets(t).Count == 1
+	})
 	require.NoError(t, stop())
 	p := b.pendingResets(t)
 	var first time.Time
