@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,8 +75,13 @@ func testClusterFailover(t *testing.T, mode cleanupMode) {
 		return n
 	}
 	start := time.Now()
+	// The producers write on past events until the thaw: the freeze must
+	// find rows arriving (pending_growth, the WAIT failures), however late
+	// the first batch comes on a loaded machine.
+	var writing atomic.Bool
+	writing.Store(true)
 	prod := startProducers(t, producerConfig{
-		dsn: pg.DSN(), conns: 4, events: events, rate: rate, insert: insertInto("outbox_events"),
+		dsn: pg.DSN(), conns: 4, events: events, rate: rate, insert: insertInto("outbox_events"), more: writing.Load,
 	})
 	production := time.Duration(float64(events) / rate * float64(time.Second))
 
@@ -109,6 +115,7 @@ func testClusterFailover(t *testing.T, mode cleanupMode) {
 	pendingGrowth := pendingNow() - frozenPending
 	waitErrs := replicasErrs() - errsBefore
 	replica.Thaw(t)
+	writing.Store(false)
 	thawed := time.Now()
 	eventually(t, time.Minute, "a batch committed after the thaw", func() error {
 		if published() <= frozenPublished+committedWhileFrozen {
@@ -153,7 +160,7 @@ func testClusterFailover(t *testing.T, mode cleanupMode) {
 		r.stop(t, time.Minute)
 	}
 
-	requireOutboxAfterDrain(t, conn, "outbox_events", mode, events)
+	requireOutboxAfterDrain(t, conn, "outbox_events", mode, prod.committedCount())
 	addrs := make([]string, 0, 2*len(cluster.Nodes))
 	for j := range cluster.Nodes {
 		addrs = append(addrs, cluster.Nodes[j].Addr(), cluster.Replicas[j][0].Addr())
@@ -168,7 +175,7 @@ func testClusterFailover(t *testing.T, mode cleanupMode) {
 	require.Zero(t, committedWhileFrozen, "events committed while the replica of the stream's master could not acknowledge them")
 	require.Positive(t, pendingGrowth, "the producers wrote nothing while the replica was frozen")
 	require.Positive(t, waitErrs, "no batch failed for want of a replica while it was frozen")
-	require.Equal(t, events, r.Committed)
+	require.GreaterOrEqual(t, r.Committed, events)
 	require.Zero(t, r.Lost, "lost events, e.g. %v", r.LostIDs)
 	require.Zero(t, r.Unexpected, "stream entries no producer committed")
 }
