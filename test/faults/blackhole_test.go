@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,8 +75,13 @@ func testBlackhole(t *testing.T, link string, mode cleanupMode) {
 	}, mode.args(t)...)
 	a := startRelay(t, "A", viaProxy, args...)
 	b := startRelay(t, "B", direct, args...)
+	// The producers write on past events until A is cut off: A needs rows
+	// to claim when its link goes dark, however late (a loaded machine) it
+	// gets there; B alone could have drained a finished production.
+	var writing atomic.Bool
+	writing.Store(true)
 	prod := startProducers(t, producerConfig{
-		dsn: pg.DSN(), conns: 4, events: events, rate: rate, insert: insertInto("outbox_events"),
+		dsn: pg.DSN(), conns: 4, events: events, rate: rate, insert: insertInto("outbox_events"), more: writing.Load,
 	})
 
 	// Mid-batch: relay A's link is slowed down first, so that A spends most
@@ -98,6 +104,7 @@ func testBlackhole(t *testing.T, link string, mode cleanupMode) {
 	})
 	faultAt = serverNow(t, conn)
 	toxic.blackhole(t)
+	writing.Store(false)
 	cutAt := time.Now()
 	lockTime := waitReleased(t, conn, aBackends, faultAt, bhIdleInTx+time.Minute)
 	prod.wait(t)
@@ -118,12 +125,12 @@ func testBlackhole(t *testing.T, link string, mode cleanupMode) {
 
 	requireNothingLocked(t, conn, "outbox_events")
 	require.Zero(t, backlog(t, direct, "outbox_events").Count, "relay backlog")
-	requireOutboxAfterDrain(t, conn, "outbox_events", mode, events+500)
+	requireOutboxAfterDrain(t, conn, "outbox_events", mode, prod.committedCount()+500)
 	r := checkStream(t, redisClient(t, rs.URL()), stream, append(prod.committed(), more.committed()...))
 	bound := bhBatchSize * bhInFlight
 	figures(t, r, 1, fmt.Sprintf("duplicate_bound=%d worst_lock=%s delivered_after_cut=%s recovered_drain=%s idle_in_tx=%s",
 		bound, ms(lockTime), ms(deliveredIn), ms(recovery), bhIdleInTx))
-	require.Equal(t, events+500, r.Committed)
+	require.GreaterOrEqual(t, r.Committed, events+500)
 	require.Zero(t, r.Lost, "lost events, e.g. %v", r.LostIDs)
 	require.Zero(t, r.Unexpected, "stream entries no producer committed")
 	require.LessOrEqual(t, r.Duplicates, bound, "duplicates beyond batch size x in-flight")
