@@ -51,7 +51,7 @@ type commit struct {
 // A caught-up Reader in a busy database would otherwise keep WAL forever:
 // when everything received is confirmed, the position of a keepalive (the
 // server has decoded the WAL up to there and found nothing for the
-// publication) counts as confirmed too.
+// publication) is IdleEnd, which the caller may confirm.
 //
 // When ctx ends, Next returns its error and keeps what it had gathered for
 // the next call.
@@ -174,16 +174,15 @@ func (r *Reader) receive(ctx context.Context, deadline time.Time) (data bool, er
 	return false, nil // notices, parameter changes
 }
 
-// keepalive handles the server's keepalive: the idle advance, and the
-// reply it may ask for.
+// keepalive handles the server's keepalive: the idle end (IdleEnd), and
+// the reply it may ask for.
 func (r *Reader) keepalive(buf []byte) error {
 	ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(buf)
 	if err != nil {
 		return fmt.Errorf("parsing keepalive: %w", err)
 	}
 	if r.idle() && ka.ServerWALEnd > r.confirmed {
-		r.confirmed = ka.ServerWALEnd
-		r.returned = max(r.returned, r.confirmed)
+		r.idleEnd = max(r.idleEnd, ka.ServerWALEnd)
 	}
 	if ka.ReplyRequested {
 		return r.sendStatus()

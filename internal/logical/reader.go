@@ -37,9 +37,11 @@ type Reader struct {
 	tree      map[uint32]bool      // the outbox table's tree at the last look (Saw); nil before
 
 	// confirmed is what the caller confirmed, the only position ever sent
-	// to the server (it may be a keepalive's, see idle); returned is the
-	// highest Confirm of a batch returned so far.
-	confirmed, returned pglogrepl.LSN
+	// to the server as flushed, which moves the slot (it may be a
+	// keepalive's, see IdleEnd); returned is the highest Confirm of a batch
+	// returned so far; idleEnd the position of the latest keepalive that
+	// came while the Reader was idle, sent as written only.
+	confirmed, returned, idleEnd pglogrepl.LSN
 	// inTx: the stream is between a transaction's Begin and its Commit.
 	inTx bool
 	// events and commits are what was received and not returned yet; they
@@ -191,10 +193,11 @@ func textOrNil(b []byte) *string {
 	return &s
 }
 
-// Confirm records that every event up to lsn (a Batch's Confirm) is
-// published, and tells the server at once, which may then free the WAL
-// before it. A position behind the confirmed one changes nothing; one past
-// every batch returned is refused, since confirming it could skip events.
+// Confirm records that every event up to lsn (a Batch's Confirm, or
+// IdleEnd) is published, and tells the server at once, which may then free
+// the WAL before it. A position behind the confirmed one changes nothing;
+// one past every batch returned (and past IdleEnd) is refused, since
+// confirming it could skip events.
 func (r *Reader) Confirm(ctx context.Context, lsn pglogrepl.LSN) error {
 	if r.err != nil {
 		return r.err
@@ -202,13 +205,14 @@ func (r *Reader) Confirm(ctx context.Context, lsn pglogrepl.LSN) error {
 	if lsn <= r.confirmed {
 		return nil
 	}
-	if lsn > r.returned {
+	if lsn > r.returned && (lsn > r.idleEnd || !r.idle()) {
 		return fmt.Errorf("confirming %s: past the last batch's position %s", lsn, r.returned)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	r.confirmed = lsn
+	r.returned = max(r.returned, lsn)
 	if err := r.sendStatus(); err != nil {
 		return r.fail(err)
 	}
@@ -218,11 +222,32 @@ func (r *Reader) Confirm(ctx context.Context, lsn pglogrepl.LSN) error {
 // Confirmed is the position confirmed so far, where a new Reader resumes.
 func (r *Reader) Confirmed() pglogrepl.LSN { return r.confirmed }
 
+// IdleEnd is the position of the server's latest keepalive while
+// everything received is confirmed (0: none past the confirmed position, or
+// something arrived since): the server decoded the WAL up to there and
+// found nothing for the publication, so confirming it skips no event. A
+// caught-up Reader in a busy database would otherwise keep WAL forever. The
+// Reader does not confirm it by itself: its caller records what it
+// confirms first (the relay compares its slot with that record, to find a
+// slot moved by someone else), then passes it to Confirm.
+func (r *Reader) IdleEnd() pglogrepl.LSN {
+	if r.idle() && r.idleEnd > r.confirmed {
+		return r.idleEnd
+	}
+	return 0
+}
+
 // sendStatus sends a standby status update with the confirmed position as
-// written, flushed and applied.
+// flushed and applied, which moves the slot, and as written, unless the
+// Reader is idle: then as written goes IdleEnd, which a walsender asked to
+// stop (a fast shutdown) waits for, and which moves nothing.
 func (r *Reader) sendStatus() error {
+	written := r.confirmed
+	if end := r.IdleEnd(); end != 0 {
+		written = end
+	}
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), r.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: r.confirmed,
+		WALWritePosition: written,
 		WALFlushPosition: r.confirmed,
 		WALApplyPosition: r.confirmed,
 	})

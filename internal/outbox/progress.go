@@ -72,6 +72,12 @@ type Progress struct {
 	// them joined the table since, with rows the slot never streamed. nil
 	// before the first record (a row of an earlier version).
 	Partitions *string
+	// ConfirmedLSN is the highest position a relay of the slot confirmed
+	// to the server (recorded before it did: RecordConfirmed), as a number.
+	// A slot whose confirmed_flush_lsn is past it was moved by someone
+	// else: dropped and made again, or advanced. nil: none recorded yet (a
+	// row of an earlier version).
+	ConfirmedLSN *int64
 }
 
 // PublicationSeen is what a relay saw of its publication: its fingerprint
@@ -130,7 +136,7 @@ func (t *Table) EnsureProgressTable(ctx context.Context, db pgtx.Beginner) error
 func (t *Table) ReadProgress(ctx context.Context, q Querier, slot string) (p Progress, ok bool, err error) {
 	var id int64
 	err = q.QueryRow(ctx, t.progress(readProgressSQL), slot).Scan(&p.LastCommit, &p.CatchUpPending, &id, &p.XminHorizon,
-		&p.Publication.Fingerprint, &p.Publication.Xmin, &p.Partitions)
+		&p.Publication.Fingerprint, &p.Publication.Xmin, &p.Partitions, &p.ConfirmedLSN)
 	p.CatchUpID = CatchUpID(id)
 	var pgErr *pgconn.PgError
 	if errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) && pgErr.Code == codeUndefinedTable {
@@ -220,6 +226,17 @@ func (t *Table) RecordProgress(ctx context.Context, q Querier, slot string, last
 	}
 	if _, err := q.Exec(ctx, t.progress(recordProgressSQL), slot, lastCommit, done, fingerprint, xmin); err != nil {
 		return t.classify(fmt.Errorf("recording progress in %s: %w", t.ProgressTable(), err))
+	}
+	return nil
+}
+
+// RecordConfirmed records that the slot's relay is about to confirm lsn to
+// the server; it calls this before every confirmation, so a slot found
+// with a confirmed_flush_lsn past the highest recorded was moved by someone
+// else. A slot without a row is left without one.
+func (t *Table) RecordConfirmed(ctx context.Context, q Querier, slot string, lsn uint64) error {
+	if _, err := q.Exec(ctx, t.progress(recordConfirmedSQL), slot, int64(lsn)); err != nil { //nolint:gosec // an LSN is below 2^63
+		return t.classify(fmt.Errorf("recording the confirmed position in %s: %w", t.ProgressTable(), err))
 	}
 	return nil
 }

@@ -508,8 +508,8 @@ ORDER BY %[5]s, %[2]s`
 	// progressDDL (with %[14]s the progress table) creates the table where
 	// logical replication relays record, per slot, the last commit they
 	// published and the catch-up due (progress.go). catch_up_id, the xmin
-	// columns, catch_up_after and the pub_ columns, added later, are added
-	// to a table made without them;
+	// columns, catch_up_after, the pub_ columns, partitions and
+	// confirmed_lsn, added later, are added to a table made without them;
 	// the ALTER runs only then, as it takes a lock that would queue behind
 	// the table's readers.
 	progressDDL = `CREATE TABLE IF NOT EXISTS %[14]s (
@@ -524,12 +524,13 @@ ORDER BY %[5]s, %[2]s`
 	pub_fingerprint text NULL,
 	pub_xmin bigint NULL,
 	partitions text NULL,
+	confirmed_lsn bigint NULL,
 	updated_at timestamptz NOT NULL DEFAULT now()
 );
 DO $ddl$ BEGIN
 	IF (SELECT count(*) FROM pg_attribute WHERE attrelid = '%[14]s'::regclass AND NOT attisdropped
 		AND attname IN ('catch_up_id', 'xmin_horizon', 'xmin_sample', 'xmin_sampled_at',
-			'catch_up_after', 'pub_fingerprint', 'pub_xmin', 'partitions')) < 8 THEN
+			'catch_up_after', 'pub_fingerprint', 'pub_xmin', 'partitions', 'confirmed_lsn')) < 9 THEN
 		ALTER TABLE %[14]s ADD COLUMN IF NOT EXISTS catch_up_id bigint NULL,
 			ADD COLUMN IF NOT EXISTS xmin_horizon bigint NULL,
 			ADD COLUMN IF NOT EXISTS xmin_sample bigint NULL,
@@ -537,7 +538,8 @@ DO $ddl$ BEGIN
 			ADD COLUMN IF NOT EXISTS catch_up_after bigint NULL,
 			ADD COLUMN IF NOT EXISTS pub_fingerprint text NULL,
 			ADD COLUMN IF NOT EXISTS pub_xmin bigint NULL,
-			ADD COLUMN IF NOT EXISTS partitions text NULL;
+			ADD COLUMN IF NOT EXISTS partitions text NULL,
+			ADD COLUMN IF NOT EXISTS confirmed_lsn bigint NULL;
 	END IF;
 END $ddl$;
 CREATE TABLE IF NOT EXISTS %[15]s (
@@ -549,7 +551,13 @@ CREATE TABLE IF NOT EXISTS %[15]s (
 );`
 
 	readProgressSQL = `SELECT last_commit, catch_up_pending, coalesce(catch_up_id, 0), xmin_horizon,
-	coalesce(pub_fingerprint, ''), pub_xmin, partitions FROM %[14]s WHERE slot = $1`
+	coalesce(pub_fingerprint, ''), pub_xmin, partitions, confirmed_lsn FROM %[14]s WHERE slot = $1`
+
+	// recordConfirmedSQL (with %[14]s the progress table) records that slot
+	// $1's relay is about to confirm position $2 (an LSN), before it tells
+	// the server: the highest recorded, so a relay cut off from the slot
+	// cannot lower it.
+	recordConfirmedSQL = `UPDATE %[14]s SET confirmed_lsn = greatest(confirmed_lsn, $2::bigint), updated_at = now() WHERE slot = $1`
 
 	// lockPartitionsSQL (with %[14]s the progress table) reads what slot
 	// $1's progress records of the partitions, and locks its row until the

@@ -21,6 +21,11 @@ const (
 	// OutboxRelay); the relay makes it again and publishes the gap from the
 	// table, which has no rows deleted from it meanwhile.
 	ErrorKindSlotMissing = "slot_missing"
+	// ErrorKindSlotMoved: the replication slot was ahead of the position its
+	// relays had confirmed (dropped and made again, or advanced, by hand or
+	// by a tool, while no relay streamed); the relay publishes the gap from
+	// the table, as for a missing slot.
+	ErrorKindSlotMoved = "slot_moved"
 	// ErrorKindPublicationChanged: the publication stopped publishing the
 	// table's inserts, for a while or now (source LogicalReplication); the
 	// relay publishes from the table what the slot skipped meanwhile.
@@ -121,7 +126,7 @@ func NewMetrics() *Metrics {
 	for _, k := range []string{
 		ErrorKindPostgres, ErrorKindRedis, ErrorKindTableMissing, ErrorKindLayout,
 		ErrorKindDeadLetterTableMissing, ErrorKindRedisReplicas, ErrorKindSlotInvalidated, ErrorKindSlotMissing,
-		ErrorKindPublicationChanged, ErrorKindStreamCheck, ErrorKindDeleteCascades, ErrorKindTableShared,
+		ErrorKindSlotMoved, ErrorKindPublicationChanged, ErrorKindStreamCheck, ErrorKindDeleteCascades, ErrorKindTableShared,
 	} {
 		m.Errors.WithLabelValues(k)
 	}

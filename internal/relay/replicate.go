@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-dev/outbox-operator/internal/logical"
@@ -90,9 +91,14 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 	if due == nil {
 		// Decided before this relay held the slot; nobody can drop it now
 		// without ending this stream, so what is due now is final.
-		if due, err = r.catchUpDueNow(ctx); err != nil {
+		if due, err = r.catchUpDueNow(ctx, uint64(reader.Confirmed())); err != nil {
 			return err
 		}
+	}
+	// Where the slot stands now, a new slot's too, is this relay's to
+	// confirm from: a catch-up due for what lies before is recorded.
+	if err := r.cfg.Table.RecordConfirmed(ctx, r.db, r.cfg.Slot, uint64(reader.Confirmed())); err != nil {
+		return err
 	}
 	if due != nil {
 		// The slot streams to this relay now, which proves its creation
@@ -114,7 +120,7 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 	lastCover := time.Now()
 	r.setErr(nil)
 	r.recovered()
-	var lastProgress time.Time
+	var lastProgress, lastIdleConfirm time.Time
 	for {
 		nctx, cancel := context.WithTimeout(ctx, r.cfg.PollInterval)
 		b, err := reader.Next(nctx, r.batchLimit(), r.cfg.BusyPollInterval)
@@ -136,6 +142,9 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 			if err := r.rdb.Ping(ctx).Err(); err != nil {
 				return &publishError{fmt.Errorf("pinging Redis: %w", err)}
 			}
+			if err := r.confirmIdle(ctx, reader, &lastIdleConfirm); err != nil {
+				return err
+			}
 			r.setErr(nil)
 			continue
 		case errors.Is(err, logical.ErrPublicationDropped):
@@ -152,6 +161,9 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 			}
 		}
 		if b.Confirm != 0 {
+			if err := r.cfg.Table.RecordConfirmed(ctx, r.db, r.cfg.Slot, uint64(b.Confirm)); err != nil {
+				return err
+			}
 			if err := reader.Confirm(ctx, b.Confirm); err != nil {
 				return fmt.Errorf("confirming slot %s: %w", r.cfg.Slot, err)
 			}
@@ -165,6 +177,31 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 		r.setErr(nil)
 		r.recovered()
 	}
+}
+
+// idleConfirmBytes is how far the WAL decoded while the relay is idle (the
+// writes of other tables) must run past the slot's confirmed position before
+// the relay confirms it: the slot keeps no more WAL than that for nothing,
+// and the relay's own record of the position, written first, is far less,
+// so an idle relay does not confirm its own writes, forever.
+const idleConfirmBytes = 1 << 20
+
+// confirmIdle confirms the reader's IdleEnd, recorded first (RecordConfirmed),
+// when it is idleConfirmBytes past the confirmed position, at most once
+// every progressEvery (*last).
+func (r *Relay) confirmIdle(ctx context.Context, reader *logical.Reader, last *time.Time) error {
+	end := reader.IdleEnd()
+	if end == 0 || end-reader.Confirmed() < idleConfirmBytes || time.Since(*last) < progressEvery {
+		return nil
+	}
+	if err := r.cfg.Table.RecordConfirmed(ctx, r.db, r.cfg.Slot, uint64(end)); err != nil {
+		return err
+	}
+	if err := reader.Confirm(ctx, end); err != nil {
+		return fmt.Errorf("confirming slot %s: %w", r.cfg.Slot, err)
+	}
+	*last = time.Now()
+	return nil
 }
 
 // catchUpDue is a catch-up that prepareSlot recorded due.
@@ -303,14 +340,40 @@ func (r *Relay) catchUpDueFrom(p outbox.Progress, ok bool, start outbox.CatchUpS
 }
 
 // catchUpDueNow reads the slot's progress again once this relay holds the
-// slot: prepareSlot found nothing due before it did, but another relay may
-// have made the slot again since (dropped as lost, its catch-up recorded
-// due before it was created). It returns that catch-up, or one of every row
-// when the slot has no progress row; nil when nothing is due.
-func (r *Relay) catchUpDueNow(ctx context.Context) (*catchUpDue, error) {
+// slot, which stands at position at: prepareSlot found nothing due before
+// it did, but another relay may have made the slot again since (dropped as
+// lost, its catch-up recorded due before it was created). It returns that
+// catch-up, or one of every row when the slot has no progress row; nil when
+// nothing is due.
+//
+// A slot past the highest position its relays recorded before they
+// confirmed it was moved by someone else while no relay streamed: dropped
+// and made again (by hand, by a tool), or advanced
+// (pg_replication_slot_advance). It never streams the rows committed in
+// between, so a catch-up of a new slot is recorded due, as for a missing
+// one (prepareSlot).
+func (r *Relay) catchUpDueNow(ctx context.Context, at uint64) (*catchUpDue, error) {
 	p, ok, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
-	if err != nil || (ok && !p.CatchUpPending) {
+	if err != nil {
 		return nil, err
+	}
+	if ok && !p.CatchUpPending {
+		if p.ConfirmedLSN == nil || at <= uint64(*p.ConfirmedLSN) { //nolint:gosec // an LSN is below 2^63
+			return nil, nil
+		}
+		last := "none"
+		if p.LastCommit != nil {
+			last = p.LastCommit.UTC().Format(time.RFC3339Nano)
+		}
+		r.log.Error("Replication slot ahead of the position its relays confirmed (dropped and made again, or "+
+			"advanced, by hand or by a tool, while no relay streamed): it never streams what was committed in "+
+			"between; publishing from the table the rows created since the last published commit; rows deleted "+
+			"from the table meanwhile cannot be published",
+			"slot", r.cfg.Slot, "slotConfirmedLSN", pglogrepl.LSN(at).String(),
+			"relayConfirmedLSN", pglogrepl.LSN(uint64(*p.ConfirmedLSN)).String(), //nolint:gosec // an LSN is below 2^63
+			"lastPublishedCommit", last, "catchUpMargin", r.cfg.CatchUpMargin.String())
+		r.cfg.Metrics.Errors.WithLabelValues(ErrorKindSlotMoved).Inc()
+		return r.recordCatchUp(ctx, p, ok, true)
 	}
 	return r.recordCatchUp(ctx, p, ok, false)
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
@@ -1224,4 +1225,94 @@ func (b *testBundle) waitPublished(t *testing.T, table string) {
 			table).Scan(&listed))
 		return listed
 	})
+}
+
+// TestReplicationSlotMovedWhileNoRelayStreamedGetsACatchUp: while no relay
+// streams, rows are committed and the slot is moved past them by someone
+// else: dropped and made again by hand (or by a tool), or advanced with
+// pg_replication_slot_advance. The slot exists when the relay starts, so
+// nothing says it was lost, but it never streams those rows: the relay must
+// find its slot ahead of the position it confirmed, and publish the gap
+// from the table. A slot left alone (also one that moved while idle, past
+// another table's writes) must not be taken for a moved one.
+func TestReplicationSlotMovedWhileNoRelayStreamedGetsACatchUp(t *testing.T) {
+	t.Parallel()
+	for _, move := range []string{"made again", "advanced", "untouched"} {
+		t.Run(move, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := setup(t, bundleOpts{})
+			cfg := b.replicating(t, Config{BatchSize: 50, CatchUpMargin: time.Second,
+				Slot: "relay_test_moved_" + strings.ReplaceAll(move, " ", "_")})
+			stop := runInBackground(t, b.newRelay(t, cfg))
+			b.waitCaughtUp(t, cfg.Slot)
+			first := b.insertNow(t, 10)
+			b.waitStream(t, first)
+			// Another table's writes while the relay is idle: the slot
+			// moves past them (the reader's idle advance).
+			b.exec(t, `CREATE TABLE other (x text)`)
+			var lsn, moved pglogrepl.LSN
+			require.NoError(t, b.db.QueryRow(ctx, `WITH w AS (INSERT INTO other SELECT repeat('x', 2000) FROM generate_series(1, 1000))
+				SELECT pg_current_wal_lsn()::text`).Scan(&lsn)) // past idleConfirmBytes
+			waitFor(t, "the idle slot to move past another table's writes", func() bool {
+				st, err := logical.Status(ctx, b.db, cfg.Slot)
+				require.NoError(t, err)
+				moved = st.ConfirmedFlush
+				return st.ConfirmedFlush >= lsn
+			})
+			require.NoError(t, stop())
+
+			gap := b.insertNow(t, 10) // in the old slot's WAL, never streamed
+			switch move {
+			case "made again":
+				require.NoError(t, logical.DropSlot(ctx, b.db, cfg.Slot))
+				more := b.insertNow(t, 10) // committed while there is no slot
+				gap = append(gap, more...)
+				b.exec(t, fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, cfg.Slot))
+			case "advanced":
+				// A slot advances only to WAL flushed (the test server
+				// commits asynchronously): a synchronous commit flushes it.
+				var end, to pglogrepl.LSN
+				require.NoError(t, pgx.BeginFunc(ctx, b.db, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `SET LOCAL synchronous_commit TO on; INSERT INTO other VALUES ('y')`)
+					return err
+				}))
+				require.NoError(t, b.db.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&end))
+				require.NoError(t, b.db.QueryRow(ctx, `SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)`,
+					cfg.Slot, end.String()).Scan(&to))
+				require.Equal(t, end, to, "the slot advanced past the gap")
+			}
+
+			var logs syncbuf.Buffer
+			cfg.Logger = newTestLogger(&logs)
+			r := b.newRelay(t, cfg)
+			stop = runInBackground(t, r)
+			later := b.insertNow(t, 5)
+			b.waitStream(t, later) // the slot streams again: any catch-up is done
+			require.NoError(t, stop())
+			entries := b.readStream(t, b.stream)
+			all := slices.Concat(first, gap, later)
+			lost := 0
+			seen := map[string]bool{}
+			for _, e := range entries {
+				seen[e[FieldEventID]] = true
+			}
+			for _, id := range all {
+				if !seen[id] {
+					lost++
+				}
+			}
+			t.Logf("%s: %d events, %d lost, %d stream entries; the slot had moved idle to %s", move, len(all), lost,
+				len(entries), moved)
+			requireAtLeastOnce(t, entries, all)
+			counted := testutilCounter(r.cfg.Metrics.Errors.WithLabelValues(ErrorKindSlotMoved))
+			if move == "untouched" {
+				require.Zero(t, counted, "a slot left alone taken for a moved one: %s", logs.String())
+				require.NotContains(t, logs.String(), "Replication slot ahead of")
+				return
+			}
+			require.InDelta(t, 1, counted, 0)
+			require.Contains(t, logs.String(), `level=ERROR msg="Replication slot ahead of the position its relays confirmed`)
+		})
+	}
 }
