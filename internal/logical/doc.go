@@ -27,13 +27,12 @@
 // replication connection a role with the REPLICATION attribute.
 //
 // Two behaviours of the server shape the Reader. A walsender that is asked to
-// stop (a fast shutdown) waits until its client has written everything it
-// sent: a Reader in Next reports, when it is caught up, the positions of
-// the server's keepalives as written (not as flushed, which would move the
-// slot: its caller confirms them, see [Reader.IdleEnd]), so an idle relay
-// lets the server stop at once,
-// while one that holds an unconfirmed batch delays the shutdown until it
-// confirms, or by up to wal_sender_timeout when it does not read. And
+// stop (a fast shutdown) waits until its client has confirmed everything it
+// sent: a Reader in Next confirms, when it is caught up, the position of a
+// keepalive that asks for a reply (else its caller does, see
+// [Reader.IdleEnd]), so an idle relay lets the server stop at once, while one that holds an unconfirmed batch
+// delays the shutdown until it confirms, or by up to wal_sender_timeout
+// when it does not read. And
 // PostgreSQL 15 writes a slot's confirmed position to disk only with other
 // changes of the slot, so after a restart of the server the stream may
 // resume before what was confirmed: more duplicates, never a loss.

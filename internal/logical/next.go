@@ -185,6 +185,10 @@ func (r *Reader) keepalive(buf []byte) error {
 		r.idleEnd = max(r.idleEnd, ka.ServerWALEnd)
 	}
 	if ka.ReplyRequested {
+		if end := r.IdleEnd(); end != 0 { // see IdleEnd
+			r.confirmed = end
+			r.returned = max(r.returned, end)
+		}
 		return r.sendStatus()
 	}
 	return nil

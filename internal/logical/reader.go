@@ -40,7 +40,7 @@ type Reader struct {
 	// to the server as flushed, which moves the slot (it may be a
 	// keepalive's, see IdleEnd); returned is the highest Confirm of a batch
 	// returned so far; idleEnd the position of the latest keepalive that
-	// came while the Reader was idle, sent as written only.
+	// came while the Reader was idle.
 	confirmed, returned, idleEnd pglogrepl.LSN
 	// inTx: the stream is between a transaction's Begin and its Commit.
 	inTx bool
@@ -227,9 +227,13 @@ func (r *Reader) Confirmed() pglogrepl.LSN { return r.confirmed }
 // something arrived since): the server decoded the WAL up to there and
 // found nothing for the publication, so confirming it skips no event. A
 // caught-up Reader in a busy database would otherwise keep WAL forever. The
-// Reader does not confirm it by itself: its caller records what it
-// confirms first (the relay compares its slot with that record, to find a
-// slot moved by someone else), then passes it to Confirm.
+// Reader confirms it by itself only when the server asks for a reply (a
+// walsender asked to stop, a fast shutdown, waits until its client has
+// confirmed everything it sent, which a Reader that answers otherwise
+// delays; it asks nothing of a client that sends its status every
+// StatusInterval): its caller records what it confirms first (the relay
+// compares its slot with that record, to find a slot moved by someone
+// else), then passes it to Confirm, and records Confirmed after a reply.
 func (r *Reader) IdleEnd() pglogrepl.LSN {
 	if r.idle() && r.idleEnd > r.confirmed {
 		return r.idleEnd
@@ -238,16 +242,10 @@ func (r *Reader) IdleEnd() pglogrepl.LSN {
 }
 
 // sendStatus sends a standby status update with the confirmed position as
-// flushed and applied, which moves the slot, and as written, unless the
-// Reader is idle: then as written goes IdleEnd, which a walsender asked to
-// stop (a fast shutdown) waits for, and which moves nothing.
+// written, flushed and applied.
 func (r *Reader) sendStatus() error {
-	written := r.confirmed
-	if end := r.IdleEnd(); end != 0 {
-		written = end
-	}
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), r.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: written,
+		WALWritePosition: r.confirmed,
 		WALFlushPosition: r.confirmed,
 		WALApplyPosition: r.confirmed,
 	})

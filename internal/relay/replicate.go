@@ -100,6 +100,7 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 	if err := r.cfg.Table.RecordConfirmed(ctx, r.db, r.cfg.Slot, uint64(reader.Confirmed())); err != nil {
 		return err
 	}
+	recorded := reader.Confirmed()
 	if due != nil {
 		// The slot streams to this relay now, which proves its creation
 		// finished: every transaction that commits after its consistent
@@ -142,7 +143,7 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 			if err := r.rdb.Ping(ctx).Err(); err != nil {
 				return &publishError{fmt.Errorf("pinging Redis: %w", err)}
 			}
-			if err := r.confirmIdle(ctx, reader, &lastIdleConfirm); err != nil {
+			if err := r.confirmIdle(ctx, reader, &lastIdleConfirm, &recorded); err != nil {
 				return err
 			}
 			r.setErr(nil)
@@ -164,6 +165,7 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 			if err := r.cfg.Table.RecordConfirmed(ctx, r.db, r.cfg.Slot, uint64(b.Confirm)); err != nil {
 				return err
 			}
+			recorded = max(recorded, b.Confirm)
 			if err := reader.Confirm(ctx, b.Confirm); err != nil {
 				return fmt.Errorf("confirming slot %s: %w", r.cfg.Slot, err)
 			}
@@ -186,10 +188,17 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 // so an idle relay does not confirm its own writes, forever.
 const idleConfirmBytes = 1 << 20
 
-// confirmIdle confirms the reader's IdleEnd, recorded first (RecordConfirmed),
-// when it is idleConfirmBytes past the confirmed position, at most once
-// every progressEvery (*last).
-func (r *Relay) confirmIdle(ctx context.Context, reader *logical.Reader, last *time.Time) error {
+// confirmIdle records the position the reader confirmed by itself (in
+// reply to the server, logical.Reader.IdleEnd), and confirms its IdleEnd,
+// recorded first (RecordConfirmed), when it is idleConfirmBytes past the
+// confirmed position, at most once every progressEvery (*last).
+func (r *Relay) confirmIdle(ctx context.Context, reader *logical.Reader, last *time.Time, recorded *pglogrepl.LSN) error {
+	if c := reader.Confirmed(); c > *recorded {
+		if err := r.cfg.Table.RecordConfirmed(ctx, r.db, r.cfg.Slot, uint64(c)); err != nil {
+			return err
+		}
+		*recorded = c
+	}
 	end := reader.IdleEnd()
 	if end == 0 || end-reader.Confirmed() < idleConfirmBytes || time.Since(*last) < progressEvery {
 		return nil
@@ -197,6 +206,7 @@ func (r *Relay) confirmIdle(ctx context.Context, reader *logical.Reader, last *t
 	if err := r.cfg.Table.RecordConfirmed(ctx, r.db, r.cfg.Slot, uint64(end)); err != nil {
 		return err
 	}
+	*recorded = end
 	if err := reader.Confirm(ctx, end); err != nil {
 		return fmt.Errorf("confirming slot %s: %w", r.cfg.Slot, err)
 	}
