@@ -88,12 +88,12 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 		return fmt.Errorf("streaming from slot %s: %w", r.cfg.Slot, err)
 	}
 	defer func() { _ = reader.Close(context.WithoutCancel(ctx)) }()
-	if due == nil {
-		// Decided before this relay held the slot; nobody can drop it now
-		// without ending this stream, so what is due now is final.
-		if due, err = r.catchUpDueNow(ctx, uint64(reader.Confirmed())); err != nil {
-			return err
-		}
+	// What was due was decided before this relay held the slot: the relay
+	// that held it may have done that catch-up since (and stopped), or
+	// made the slot again. Nobody can drop it now without ending this
+	// stream, so what is due now is final.
+	if due, err = r.catchUpDueNow(ctx, uint64(reader.Confirmed())); err != nil {
+		return err
 	}
 	// Where the slot stands now, a new slot's too, is this relay's to
 	// confirm from: a catch-up due for what lies before is recorded.
@@ -350,11 +350,11 @@ func (r *Relay) catchUpDueFrom(p outbox.Progress, ok bool, start outbox.CatchUpS
 }
 
 // catchUpDueNow reads the slot's progress again once this relay holds the
-// slot, which stands at position at: prepareSlot found nothing due before
-// it did, but another relay may have made the slot again since (dropped as
-// lost, its catch-up recorded due before it was created). It returns that
-// catch-up, or one of every row when the slot has no progress row; nil when
-// nothing is due.
+// slot, which stands at position at: what prepareSlot found due before it
+// did may be done since (by the relay that held the slot), or another relay
+// may have made the slot again (dropped as lost, its catch-up recorded due
+// before it was created). It returns the catch-up due now, or one of every
+// row when the slot has no progress row; nil when nothing is due.
 //
 // A slot past the highest position its relays recorded before they
 // confirmed it was moved by someone else while no relay streamed: dropped

@@ -1316,3 +1316,66 @@ func TestReplicationSlotMovedWhileNoRelayStreamedGetsACatchUp(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicationStandbyDoesNotRedoACatchUpDoneWhileItWaited: a standby
+// reads the slot's progress while the holder's catch-up is due, and the
+// holder finishes it and stops before the standby takes the slot. What was
+// due when the standby looked is done: it must not read the whole table
+// again (a review of a fault case found every row of the catch-up
+// published twice).
+func TestReplicationStandbyDoesNotRedoACatchUpDoneWhileItWaited(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	cfg := b.replicating(t, Config{Slot: "relay_stale_due", BatchSize: 10})
+	before := b.insertNow(t, 20)
+
+	hAt, hGo := make(chan struct{}), make(chan struct{})
+	var hHeld atomic.Bool
+	h := b.newRelay(t, cfg)
+	h.testHookCatchUp = func(ctx context.Context, done bool) error {
+		if !done || !hHeld.CompareAndSwap(false, true) {
+			return nil
+		}
+		close(hAt)
+		select {
+		case <-hGo:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	stopH := runInBackground(t, h)
+	waitClosed(t, "the holder at the end of its catch-up", hAt)
+
+	sAt, sGo := make(chan struct{}), make(chan struct{})
+	var sHeld atomic.Bool
+	var sCaughtUp atomic.Int64
+	s := b.newRelay(t, cfg)
+	s.testHookBeforeSetup = func(ctx context.Context) {
+		if !sHeld.CompareAndSwap(false, true) {
+			return
+		}
+		close(sAt)
+		select {
+		case <-sGo:
+		case <-ctx.Done():
+		}
+	}
+	s.testHookCatchUp = func(context.Context, bool) error {
+		sCaughtUp.Add(1)
+		return nil
+	}
+	stopS := runInBackground(t, s)
+	waitClosed(t, "the standby, having read the catch-up due", sAt)
+
+	close(hGo)
+	b.waitStream(t, before)
+	require.NoError(t, stopH())
+	close(sGo)
+
+	after := b.insertNow(t, 3)
+	b.waitStream(t, after)
+	require.NoError(t, stopS())
+	require.Zero(t, sCaughtUp.Load(), "the standby read the table again for a catch-up the holder had done")
+	requireEachOnce(t, b.readStream(t, b.stream), append(before, after...))
+}
