@@ -1369,7 +1369,9 @@ func TestReplicationStandbyDoesNotRedoACatchUpDoneWhileItWaited(t *testing.T) {
 	waitClosed(t, "the standby, having read the catch-up due", sAt)
 
 	close(hGo)
-	b.waitStream(t, before)
+	// A row streamed by the holder: its catch-up is recorded done.
+	streamed := b.insertNow(t, 2)
+	b.waitStream(t, append(before, streamed...))
 	require.NoError(t, stopH())
 	close(sGo)
 
@@ -1377,5 +1379,10 @@ func TestReplicationStandbyDoesNotRedoACatchUpDoneWhileItWaited(t *testing.T) {
 	b.waitStream(t, after)
 	require.NoError(t, stopS())
 	require.Zero(t, sCaughtUp.Load(), "the standby read the table again for a catch-up the holder had done")
-	requireEachOnce(t, b.readStream(t, b.stream), append(before, after...))
+	// The rows the holder streamed may come again from the slot (a
+	// takeover resumes at the last confirmed position); the catch-up's
+	// rows may not.
+	entries := b.readStream(t, b.stream)
+	requireAtLeastOnce(t, entries, slices.Concat(before, streamed, after))
+	requireEachOnce(t, slices.DeleteFunc(entries, func(e entry) bool { return !slices.Contains(before, e[FieldEventID]) }), before)
 }
