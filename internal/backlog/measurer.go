@@ -29,7 +29,9 @@ type Target struct {
 	// Config.RedisInterval.
 	Redis *RedisTarget
 	// Stream, when set, is the relay's stream: the check also reads its
-	// recorded resets not yet replayed (outbox.Backlog.StreamResets).
+	// recorded resets not yet replayed (outbox.Backlog.StreamResets), and
+	// the relays of the table of other streams or sources, seen recently
+	// (outbox.Backlog.OtherRelays).
 	Stream string
 	// Slot, when set, is the replication slot of a relay of source
 	// LogicalReplication: the backlog is then the rows created after the
@@ -595,6 +597,12 @@ func (c *poolConn) Measure(ctx context.Context) (outbox.Backlog, error) {
 			return outbox.Backlog{}, err
 		}
 		b.StreamResets = &resets
+		// One OutboxRelay per table: the relays of this one register
+		// with its stream and slot, so they never count.
+		b.OtherRelays, err = c.table.ConflictingRelays(ctx, c.conn, outbox.TableRelay{Stream: c.stream, Slot: c.slot})
+		if err != nil {
+			return outbox.Backlog{}, err
+		}
 	}
 	c.ok = true
 	return b, nil
@@ -658,7 +666,7 @@ func (c *poolConn) Release() {
 
 // checkStatements is the size of a connection's statement cache: more than
 // the statements of a check (the backlog, the dead letters, the stream
-// resets; with a replication slot, its status and max_slot_wal_keep_size).
+// resets, the relays table; with a replication slot, its status and max_slot_wal_keep_size).
 const checkStatements = 10
 
 // errConnect: no connection could be made (refused, silent, a name not

@@ -449,3 +449,70 @@ func TestPoolMeasurerCountsAnInterruptedConnectionUntilClosed(t *testing.T) {
 		require.NoError(t, err)
 	})
 }
+
+// TestPoolMeasurerFindsRelaysOfOtherStreams: with the relay's stream (and
+// slot), the check reads the relays table beside the outbox table and
+// returns the relays of other streams or of the other source seen within
+// outbox.RelaySeenWindow; the relay's own registration, one of its stream
+// and source, and one not seen for an hour do not count. Without the table,
+// or without the right to read it, there are none and the check succeeds.
+func TestPoolMeasurerFindsRelaysOfOtherStreams(t *testing.T) {
+	t.Parallel()
+	dsn, conn := setupTable(t)
+	ctx := context.Background()
+	table := outbox.MustNew("", outbox.Columns{})
+	relays := pgx.Identifier{table.RelaysTableName()}.Sanitize()
+	m := NewPoolMeasurer(PoolMeasurerConfig{})
+	t.Cleanup(m.Close)
+	polling, slot := target(dsn), target(dsn)
+	polling.Stream = "jobs"
+	slot.Stream, slot.Slot = "jobs", "jobs_slot"
+
+	_, err := conn.Exec(ctx, `DROP TABLE `+relays)
+	require.NoError(t, err)
+	b, err := measure(ctx, m, key("a"), polling)
+	require.NoError(t, err, "no relays table: nothing known, no failure")
+	require.Nil(t, b.OtherRelays)
+
+	_, err = conn.Exec(ctx, table.RelaysDDL())
+	require.NoError(t, err)
+	for _, r := range []outbox.TableRelay{{Stream: "jobs"}, {Stream: "jobs", Slot: "jobs_slot"}, {Stream: "audit"}, {Stream: "gone"}} {
+		_, err := table.RecordRelay(ctx, conn, r)
+		require.NoError(t, err)
+	}
+	_, err = conn.Exec(ctx, `UPDATE `+relays+` SET seen_at = now() - interval '1 hour' WHERE stream = 'gone'`)
+	require.NoError(t, err)
+
+	names := func(rs []outbox.TableRelay) []string {
+		var n []string
+		for _, r := range rs {
+			n = append(n, r.String())
+		}
+		return n
+	}
+	b, err = measure(ctx, m, key("a"), polling)
+	require.NoError(t, err)
+	require.Equal(t, []string{"stream audit (source Polling)", "stream jobs (source LogicalReplication, slot jobs_slot)"},
+		names(b.OtherRelays))
+	b, err = measure(ctx, m, key("b"), slot)
+	require.NoError(t, err)
+	require.Equal(t, []string{"stream audit (source Polling)", "stream jobs (source Polling)"}, names(b.OtherRelays))
+	b, err = measure(ctx, m, key("c"), target(dsn))
+	require.NoError(t, err)
+	require.Nil(t, b.OtherRelays, "no stream asked: the relays table is not read")
+
+	// A role that may read the outbox tables but not the relays table.
+	_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE ROLE backlog_no_relays LOGIN; GRANT SELECT ON %s, %s, %s TO backlog_no_relays`,
+		pgx.Identifier{table.Name()}.Sanitize(), pgx.Identifier{table.DeadLetterTableName()}.Sanitize(),
+		pgx.Identifier{table.StreamResetsTableName()}.Sanitize()))
+	require.NoError(t, err)
+	cfg, err := pgx.ParseConfig(dsn)
+	require.NoError(t, err)
+	limited := fmt.Sprintf("postgres://backlog_no_relays@%s/%s?sslmode=disable",
+		net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port)), cfg.Database)
+	lt := target(limited)
+	lt.Stream = "jobs"
+	b, err = measure(ctx, m, key("d"), lt)
+	require.NoError(t, err, "no right to read the relays table: nothing known, no failure")
+	require.Nil(t, b.OtherRelays)
+}

@@ -105,6 +105,8 @@ const (
 	codeUndefinedTable    = "42P01"
 	codeDuplicateTable    = "42P07"
 	codeInvalidSchemaName = "3F000"
+	// codeInsufficientPrivilege: permission denied.
+	codeInsufficientPrivilege = "42501"
 )
 
 // Identity is the table's name as PostgreSQL resolves it, whatever the
@@ -364,6 +366,11 @@ type Backlog struct {
 	// StreamResets are the recorded resets of a stream not yet replayed,
 	// when the measure was asked for a stream (replay.go); nil otherwise.
 	StreamResets *PendingResets `json:"streamResets,omitempty"`
+	// OtherRelays are the relays of the table, registered in its relays
+	// table, that publish to another stream or with the other source than
+	// the relay the measure was asked for, seen within RelaySeenWindow
+	// (ConflictingRelays); nil when none, or not asked.
+	OtherRelays []TableRelay `json:"otherRelays,omitempty"`
 }
 
 // Age of the oldest pending row at now, zero when none is pending.

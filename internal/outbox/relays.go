@@ -58,12 +58,12 @@ RETURNING clock_timestamp()`
 // TableRelay is a relay of the table as the relays table has it: the relays
 // of one stream and slot share a row.
 type TableRelay struct {
-	Stream string
+	Stream string `json:"stream"`
 	// Slot is the replication slot of source LogicalReplication, "" for
 	// source Polling.
-	Slot string
+	Slot string `json:"slot,omitempty"`
 	// SeenAt is when such a relay last refreshed the row (the server's clock).
-	SeenAt time.Time
+	SeenAt time.Time `json:"seenAt"`
 }
 
 // String names the relay by its stream and source, never by its database.
@@ -80,6 +80,40 @@ func (r TableRelay) String() string {
 // members of an ordering, standbys, replicas) share it by design.
 func (r TableRelay) Conflicts(o TableRelay) bool {
 	return r.Stream != o.Stream || (r.Slot == "") != (o.Slot == "")
+}
+
+// RelaySeenWindow is how long after its last refresh a relay's row stands
+// for a running relay, to the readers of the relays table other than the
+// relays (relay doctor, the operator's backlog check): three refreshes of
+// the relays' default interval (relay.DefaultTableCheckInterval).
+const RelaySeenWindow = 30 * time.Second
+
+// RecentConflicts returns the relays that conflict with self (Conflicts)
+// and refreshed their row within window before now (the server's clock).
+func RecentConflicts(relays []TableRelay, self TableRelay, now time.Time, window time.Duration) []TableRelay {
+	var others []TableRelay
+	for _, r := range relays {
+		if self.Conflicts(r) && now.Sub(r.SeenAt) <= window {
+			others = append(others, r)
+		}
+	}
+	return others
+}
+
+// ConflictingRelays lists the relays registered that conflict with self
+// and were seen within RelaySeenWindow. Without the relays table, or
+// without the right to read it (a role of an earlier version's grants),
+// nothing is known: none, and no error.
+func (t *Table) ConflictingRelays(ctx context.Context, q Querier, self TableRelay) ([]TableRelay, error) {
+	relays, now, ok, err := t.ReadRelays(ctx, q)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeInsufficientPrivilege {
+		return nil, nil
+	}
+	if err != nil || !ok {
+		return nil, err
+	}
+	return RecentConflicts(relays, self, now, RelaySeenWindow), nil
 }
 
 // RelaysDDL creates the relays table, for an existing table.
