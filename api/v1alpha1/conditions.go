@@ -134,8 +134,11 @@ const (
 	// example, the outbox layout was refused by the operator's own checks).
 	ReasonInvalidSpec Reason = "InvalidSpec"
 	// ReasonTableShared: another OutboxRelay of the namespace relays the
-	// same table with the same DSN Secret key; the relays of one table
-	// split its rows between their streams. The message names the others.
+	// same table with the same DSN Secret key, or the backlog check found
+	// in <table>_relays relays of other streams or of the other source seen
+	// within 30s (of any namespace, Secret or cluster); the relays of one
+	// table split its rows between their streams. The message names the
+	// others (OutboxRelays, or streams and slots).
 	ReasonTableShared Reason = "TableShared"
 	// ReasonDeploymentFailed: the relay Deployment could not be created or
 	// updated; the message has the API server's answer.

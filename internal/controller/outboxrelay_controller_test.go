@@ -63,6 +63,7 @@ func TestController(t *testing.T) {
 		{"CronJobDeletedOrEditedIsRestored", testCronJobDeletedOrEditedIsRestored},
 		{"CleanupOnDispatchHasNoCronJob", testCleanupOnDispatchHasNoCronJob},
 		{"TwoRelaysOnOneTableAreReported", testTwoRelaysOnOneTableAreReported},
+		{"RelayOfAnotherStreamInTheDatabaseIsTableShared", testRelayOfAnotherStreamInTheDatabaseIsTableShared},
 		{"LogicalReplicationRelay", testLogicalReplicationRelay},             // outboxrelay_replication_test.go
 		{"UndroppableSlotKeepsFinalizer", testUndroppableSlotKeepsFinalizer}, // outboxrelay_replication_test.go
 		{"SecretChangeRollsPodTemplate", testSecretChangeRollsPodTemplate},

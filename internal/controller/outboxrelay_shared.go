@@ -6,7 +6,12 @@ package controller
 // relays of a namespace that read one table with one DSN Secret key: both
 // are not Ready (reason TableShared) until one of them is deleted. Relays
 // that reach one database through different Secrets or namespaces are not
-// seen: a tenant learns nothing of another namespace.
+// seen by that: a tenant learns nothing of another namespace. The relays
+// themselves register in the table's relays table, whatever their namespace,
+// Secret or cluster, and the backlog check reads it (Backlog.OtherRelays):
+// relays of other streams or of the other source seen there recently make
+// the relay not Ready with the same reason, naming their streams and slots
+// (otherRelaysFailure).
 
 import (
 	"context"
@@ -18,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
 // tableIndex is the field index that maps a table of a database (tableKey)
@@ -113,3 +119,40 @@ func tableSharedFailure(relay *v1alpha1.OutboxRelay, others []string) *failure {
 			"(to deliver to two streams, have a consumer copy the events, or write two outboxes)",
 		what, relay.Spec.Postgres.GetTable(), ref.Name, ref.Key)}
 }
+
+// otherRelaysFailure is the TableShared failure of a relay whose last
+// backlog check found, in the table's relays table, relays of other streams
+// or of the other source seen within outbox.RelaySeenWindow; nil when none
+// (or no check succeeded yet). The relays of this OutboxRelay register with
+// its own stream and slot, so they are never among them. The message names
+// their streams and slots, never a database.
+func otherRelaysFailure(st *relayState) *failure {
+	last := st.lastSuccess()
+	if last == nil || len(last.Backlog.OtherRelays) == 0 || st.table == nil {
+		return nil
+	}
+	others := last.Backlog.OtherRelays
+	named := make([]string, 0, maxNamedSharers+1)
+	for _, o := range others[:min(len(others), maxNamedSharers)] {
+		named = append(named, o.String())
+	}
+	if n := len(others) - maxNamedSharers; n > 0 {
+		named = append(named, fmt.Sprintf("%d more", n))
+	}
+	meanwhile := "relay cleanup --slot deletes nothing while one of another stream is registered"
+	if !st.relay.Spec.ReadsLogicalReplication() {
+		meanwhile = "this OutboxRelay's relays claim nothing meanwhile"
+	}
+	o := others[0]
+	return &failure{v1alpha1.ReasonTableShared, fmt.Sprintf(
+		"relays of other streams or sources than this OutboxRelay's also relay table %s (registered in %s, seen within "+
+			"the last %s): %s; the relays of one table split its rows between their streams, and a polling relay beside "+
+			"a LogicalReplication relay loses rows to the slot's cleanup, so %s. Keep one OutboxRelay per table: stop or "+
+			"delete the other relays (of another namespace, Secret or cluster); once one is gone for good, forget it: "+
+			"DELETE FROM %s WHERE stream = %s AND slot = %s",
+		st.table, st.table.RelaysTable(), outbox.RelaySeenWindow, strings.Join(named, "; "), meanwhile,
+		st.table.RelaysTable(), sqlString(o.Stream), sqlString(o.Slot))}
+}
+
+// sqlString is s as an SQL string literal, for a statement a person copies.
+func sqlString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -2,13 +2,19 @@ package controller
 
 import (
 	"context"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/outbox-dev/outbox-operator/api/v1alpha1"
+	"github.com/outbox-dev/outbox-operator/internal/backlog"
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 )
 
 // withDSNOf makes a relay read the DSN (and the Redis URL) from the Secrets
@@ -74,4 +80,89 @@ func TestTableSharedFailure(t *testing.T) {
 	require.Contains(t, tableSharedFailure(relay, []string{"a", "b"}).message, `OutboxRelays "a", "b" also relay table`)
 	require.Contains(t, tableSharedFailure(relay, []string{"a", "b", "c", "d", "e"}).message,
 		`OutboxRelays "a", "b", "c", 2 more also relay table`)
+}
+
+// TestOtherRelaysFailure: relays of other streams or sources found by the
+// last successful backlog check in the relays table make Ready False,
+// reason TableShared, naming their streams and slots and the DELETE that
+// forgets one gone for good; none, or a failed check, make nothing of it.
+func TestOtherRelaysFailure(t *testing.T) {
+	t.Parallel()
+	withOthers := func(others ...outbox.TableRelay) stateOption {
+		return func(st *relayState) { st.backlog.Last.Backlog.OtherRelays = others }
+	}
+	require.Nil(t, otherRelaysFailure(newState()))
+	require.Nil(t, otherRelaysFailure(newState(withOthers(outbox.TableRelay{Stream: "audit"}),
+		failed(backlog.CauseUnreachable, "down"))), "no successful check: nothing known")
+
+	st := newState(withOthers(outbox.TableRelay{Stream: "audit", Slot: "audit_slot"}, outbox.TableRelay{Stream: "o'brien"}))
+	f := otherRelaysFailure(st)
+	require.NotNil(t, f)
+	require.Equal(t, v1alpha1.ReasonTableShared, f.reason)
+	require.Contains(t, f.message, "also relay table outbox_events (registered in outbox_events_relays, seen within the last 30s): "+
+		"stream audit (source LogicalReplication, slot audit_slot); stream o'brien (source Polling)")
+	require.Contains(t, f.message, "this OutboxRelay's relays claim nothing meanwhile")
+	require.Contains(t, f.message, "DELETE FROM outbox_events_relays WHERE stream = 'audit' AND slot = 'audit_slot'")
+	require.NotContains(t, f.message, st.secrets.dsn)
+
+	status := computeStatus(st)
+	ready := meta.FindStatusCondition(status.Conditions, string(v1alpha1.ConditionReady))
+	require.Equal(t, metav1.ConditionFalse, ready.Status)
+	require.Equal(t, string(v1alpha1.ReasonTableShared), ready.Reason)
+	require.Equal(t, f.message, ready.Message)
+
+	many := make([]outbox.TableRelay, 0, 5)
+	for _, s := range []string{"a", "b", "c", "d", "e"} {
+		many = append(many, outbox.TableRelay{Stream: s})
+	}
+	require.Contains(t, otherRelaysFailure(newState(withOthers(many...))).message,
+		"stream a (source Polling); stream b (source Polling); stream c (source Polling); 2 more;")
+}
+
+// testRelayOfAnotherStreamInTheDatabaseIsTableShared: a relay of another
+// stream registered in the table's relays table (of another namespace,
+// Secret or cluster: nothing else of it is known) makes the OutboxRelay not
+// Ready, reason TableShared, naming its stream; the row of the
+// OutboxRelay's own stream does not count; once the other relay is stopped
+// and its row forgotten, the OutboxRelay is Ready again.
+func testRelayOfAnotherStreamInTheDatabaseIsTableShared(t *testing.T, s *suite) {
+	ctx := context.Background()
+	key, conn := s.readyRelay(t, withStream("orders.events"))
+	s.markAvailable(t, key)
+	table := outbox.MustNew("", outbox.Columns{})
+	_, err := table.RecordRelay(ctx, conn, outbox.TableRelay{Stream: "orders.events"}) // this OutboxRelay's relays
+	require.NoError(t, err)
+	s.waitCondition(t, key, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonRelaysReady)
+
+	// The other relay refreshes its row, as a running one does, until stopped.
+	other, err := pgx.Connect(ctx, conn.Config().ConnString())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close(context.Background()) })
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			_, _ = table.RecordRelay(ctx, other, outbox.TableRelay{Stream: "audit.events"})
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	})
+	stopOther := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	t.Cleanup(stopOther)
+
+	got := s.waitCondition(t, key, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonTableShared)
+	msg := findCondition(got, v1alpha1.ConditionReady).Message
+	require.Contains(t, msg, "stream audit.events (source Polling)")
+	require.NotContains(t, msg, "stream orders.events")
+	require.NotContains(t, msg, conn.Config().ConnString())
+	s.waitEvent(t, key, v1alpha1.ReasonTableShared)
+
+	// Gone for good: its row is forgotten, as the message says.
+	stopOther()
+	_, err = conn.Exec(ctx, `DELETE FROM outbox_events_relays WHERE stream = 'audit.events'`)
+	require.NoError(t, err)
+	s.waitCondition(t, key, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonRelaysReady)
 }

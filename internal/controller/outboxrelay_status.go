@@ -296,6 +296,12 @@ var readyChain = []readyCheck{
 		return condition{}, false
 	},
 	func(st *relayState, _ conditions) (condition, bool) {
+		if f := otherRelaysFailure(st); f != nil { // outboxrelay_shared.go
+			return falseCondition(f.reason, f.message), true
+		}
+		return condition{}, false
+	},
+	func(st *relayState, _ conditions) (condition, bool) {
 		if f := st.childFailure; f != nil {
 			return falseCondition(f.reason, f.message), true
 		}
