@@ -38,7 +38,9 @@ func newDoctorCommand(c *common) *cobra.Command {
 
 PostgreSQL (DATABASE_URL): the table and its columns with usable types, the
 partial pending index, the role's privileges (SELECT, UPDATE, DELETE; INSERT on
-the dead-letter table), the optional NOTIFY trigger. With --slot (source
+the dead-letter table), the optional NOTIFY trigger, and one relay per table:
+relays of other streams or sources than --stream and --slot registered in
+<table>_relays and seen within 30s fail. With --slot (source
 LogicalReplication): wal_level logical, the role's REPLICATION attribute,
 max_slot_wal_keep_size set (unset: warn, a stopped relay can fill the disk),
 and the slot: invalidated (fail) or retaining more WAL than
@@ -121,7 +123,11 @@ func doctorPostgres(ctx context.Context, table *outbox.Table, o *doctorOptions) 
 		return fail(redact.String(err.Error(), dsn), "")
 	}
 	defer db.Close()
-	r := doctor.PostgresChecks(doctor.GatherPostgres(ctx, db, table), table)
+	f := doctor.GatherPostgres(ctx, db, table)
+	r := doctor.PostgresChecks(f, table)
+	if f.TableFound {
+		r = append(r, doctor.RelaysCheck(f, table, outbox.TableRelay{Stream: o.stream, Slot: o.slot}))
+	}
 	if o.slot != "" && !r.Failed() {
 		r = append(r, doctor.ReplicationChecks(doctor.GatherReplication(ctx, db, o.slot), o.slot, o.maxRetainedWAL)...)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-dev/outbox-operator/internal/outbox"
 	"github.com/outbox-dev/outbox-operator/internal/testenv"
 )
 
@@ -15,7 +16,7 @@ import (
 // 1), and nothing prints the passwords.
 func TestDoctor(t *testing.T) {
 	t.Parallel()
-	dsn, _ := freshDB(t)
+	dsn, db := freshDB(t)
 	requireSuccess(t, relayEnv("DATABASE_URL="+dsn), "schema", "--apply")
 
 	durable := testenv.StartRedis(t, testenv.WithAppendOnly(), testenv.WithRedisArgs("--requirepass", canary))
@@ -23,11 +24,24 @@ func TestDoctor(t *testing.T) {
 	res := requireSuccess(t, relayEnv("DATABASE_URL="+dsn, "REDIS_URL="+url), "doctor", "--stream", "jobs")
 	for _, want := range []string{
 		"ok    outbox.table", "ok    outbox.index", "ok    outbox.privileges", "ok    redis.persistence", "ok    redis.eviction",
-		"ok    redis.stream-check",
+		"ok    redis.stream-check", "ok    outbox.relays",
 	} {
 		require.Contains(t, res.stdout, want)
 	}
-	require.Len(t, strings.Split(strings.TrimSpace(res.stdout), "\n"), 20, res.stdout)
+	require.Len(t, strings.Split(strings.TrimSpace(res.stdout), "\n"), 21, res.stdout)
+
+	// A relay of another stream registered in outbox_events_relays and
+	// seen just now: one relay per table fails, naming it and the fix.
+	_, err := outbox.MustNew("outbox_events", outbox.Columns{}).RecordRelay(t.Context(), db, outbox.TableRelay{Stream: "audit"})
+	require.NoError(t, err)
+	res = execRelay(t, relayEnv("DATABASE_URL="+dsn), "doctor", "--skip-redis", "--stream", "jobs")
+	require.Equal(t, 1, res.code, res.stdout+res.stderr)
+	require.Regexp(t, `fail\s+outbox.relays\s+relays of other streams or sources than this one, stream jobs \(source Polling\), `+
+		`relay table outbox_events: stream audit \(source Polling\), last seen `, res.stdout)
+	require.Contains(t, res.stdout, "DELETE FROM outbox_events_relays WHERE stream = 'audit' AND slot = '';")
+	requireSuccess(t, relayEnv("DATABASE_URL="+dsn), "doctor", "--skip-redis", "--stream", "audit")
+	_, err = db.Exec(t.Context(), `DELETE FROM outbox_events_relays WHERE stream = 'audit' AND slot = ''`)
+	require.NoError(t, err)
 
 	// With --slot, the replication checks too: the test server streams
 	// (wal_level logical, a superuser) without a bound on retained WAL.

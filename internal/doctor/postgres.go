@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -87,6 +88,13 @@ type PostgresFacts struct {
 	Trigger bool
 	// QueryErr is the first catalog query that failed.
 	QueryErr string
+	// RelaysFound: the relays table exists; Relays are its rows, RelaysNow
+	// the server's clock when they were read, RelaysErr why the read failed
+	// (RelaysCheck).
+	RelaysFound bool
+	Relays      []outbox.TableRelay
+	RelaysNow   time.Time
+	RelaysErr   string
 }
 
 // quotedName is a name as the relay's SQL resolves it.
@@ -152,6 +160,9 @@ func GatherPostgres(ctx context.Context, db *pgxpool.Pool, t *outbox.Table) Post
 	}
 	if err != nil {
 		f.QueryErr = errText(err)
+	}
+	if f.Relays, f.RelaysNow, f.RelaysFound, err = t.ReadRelays(ctx, db); err != nil {
+		f.RelaysErr = errText(err)
 	}
 	return f
 }
