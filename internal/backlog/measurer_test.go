@@ -484,7 +484,7 @@ func TestPoolMeasurerFindsRelaysOfOtherStreams(t *testing.T) {
 	require.NoError(t, err)
 
 	names := func(rs []outbox.TableRelay) []string {
-		var n []string
+		n := make([]string, 0, len(rs))
 		for _, r := range rs {
 			n = append(n, r.String())
 		}
