@@ -79,8 +79,7 @@ func (r *Relay) replicate(ctx context.Context) {
 // stream resumes at the last confirmed position).
 func (r *Relay) replicateOnce(ctx context.Context) error {
 	opts := logical.Options{Table: r.cfg.Table, Slot: r.cfg.Slot}
-	due, err := r.prepareSlot(ctx, opts)
-	if err != nil {
+	if err := r.prepareSlot(ctx, opts); err != nil {
 		return err
 	}
 	reader, err := logical.Open(ctx, r.cfg.Replication, opts)
@@ -92,7 +91,8 @@ func (r *Relay) replicateOnce(ctx context.Context) error {
 	// that held it may have done that catch-up since (and stopped), or
 	// made the slot again. Nobody can drop it now without ending this
 	// stream, so what is due now is final.
-	if due, err = r.catchUpDueNow(ctx, uint64(reader.Confirmed())); err != nil {
+	due, err := r.catchUpDueNow(ctx, uint64(reader.Confirmed()))
+	if err != nil {
 		return err
 	}
 	// Where the slot stands now, a new slot's too, is this relay's to
@@ -236,16 +236,16 @@ type catchUpDue struct {
 // no row is created after it.
 var noTimeBound = time.Date(9999, time.December, 31, 0, 0, 0, 0, time.UTC)
 
-// prepareSlot creates what the stream needs and says whether a catch-up is
-// due (nil: not), and from when. A slot that was invalidated is dropped and
-// made again, with a catch-up.
-func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUpDue, error) {
+// prepareSlot creates what the stream needs and records a catch-up due
+// when one is (catchUpDueNow reads it once the relay holds the slot). A
+// slot that was invalidated is dropped and made again, with a catch-up.
+func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) error {
 	if err := r.cfg.Table.EnsureProgressTable(ctx, r.db); err != nil {
-		return nil, err
+		return err
 	}
 	st, err := logical.Status(ctx, r.db, r.cfg.Slot)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if st.Exists && st.WALStatus == "lost" {
 		r.log.Error("Replication slot invalidated: the server removed WAL it had not streamed "+
@@ -253,13 +253,13 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 			"slot", r.cfg.Slot, "catchUpMargin", r.cfg.CatchUpMargin.String())
 		r.cfg.Metrics.Errors.WithLabelValues(ErrorKindSlotInvalidated).Inc()
 		if err := logical.DropSlot(ctx, r.db, r.cfg.Slot); err != nil {
-			return nil, err
+			return err
 		}
 		st.Exists = false
 	}
 	p, ok, err := r.cfg.Table.ReadProgress(ctx, r.db, r.cfg.Slot)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if !st.Exists && ok && p.LastCommit != nil && st.WALStatus != "lost" {
 		// Not a first start: a relay streamed from the slot, and nothing
@@ -280,7 +280,7 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 	}
 	if !st.Exists || !ok || p.CatchUpPending {
 		if err := startCatchUp(ctx, !st.Exists); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	// The slot was there, with nothing due, when this relay looked; if it is
@@ -304,7 +304,7 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 				if _, merr := r.markUnpublished(ctx, p.Publication); merr != nil {
 					err = errors.Join(err, merr)
 				}
-				return nil, err
+				return err
 			}
 		}
 	}
@@ -313,15 +313,15 @@ func (r *Relay) prepareSlot(ctx context.Context, opts logical.Options) (*catchUp
 	// are read then (publishNewPartitions).
 	r.partitionsPublished = nil
 	if err := r.recordPartitionsBaseline(ctx, opts); err != nil {
-		return nil, err
+		return err
 	}
 	if r.testHookBeforeSetup != nil {
 		r.testHookBeforeSetup(ctx)
 	}
 	if err := logical.Setup(ctx, r.db, opts); err != nil {
-		return nil, err
+		return err
 	}
-	return due, nil
+	return nil
 }
 
 // recordCatchUp records a catch-up due for the slot whose progress is p
