@@ -58,28 +58,42 @@ func TestReplicationSlotMovedWhileNoRelayStreamed(t *testing.T) {
 	prod := startProducers(t, producerConfig{dsn: c.pg.DSN(), conns: 2, events: events, rate: rate,
 		insert: insertInto("outbox_events"), more: func() bool { return !movesDone.Load() }})
 
-	// streaming waits until r logged its catch-up and published since, and
-	// returns how many rows the producers had committed by the catch-up's end.
-	streaming := func(r *relayProc) int {
+	// confirmed is the slot's confirmed position.
+	confirmed := func() string {
+		t.Helper()
+		var lsn string
+		require.NoError(t, c.conn.QueryRow(t.Context(),
+			`SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&lsn))
+		return lsn
+	}
+	// streaming waits until r confirms a position past from (the slot's
+	// before r started): r did whatever catch-up it found due, which comes
+	// first, and streams. It returns how many rows the producers had
+	// committed by then. It judges the slot, not r's log, so that a relay
+	// that did no catch-up fails by what it lost.
+	streaming := func(r *relayProc, from string) int {
 		t.Helper()
 		var atCatchUp int
-		eventually(t, time.Minute, "relay "+r.name+" caught up", func() error {
-			if countLog([]*relayProc{r}, "Caught up from the table") == 0 {
-				return errors.New("no catch-up logged")
+		eventually(t, time.Minute, "relay "+r.name+" streaming", func() error {
+			var past bool
+			err := c.conn.QueryRow(t.Context(), `SELECT confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots
+				WHERE slot_name = $1`, slot, from).Scan(&past)
+			if err == nil && !past {
+				err = fmt.Errorf("the slot confirmed nothing past %s", from)
 			}
 			atCatchUp = prod.committedCount()
-			return nil
-		})
-		p := r.published()
-		eventually(t, time.Minute, "relay "+r.name+" streaming", func() error {
-			if r.published() <= p {
-				return fmt.Errorf("published %.0f since its catch-up", r.published()-p)
-			}
-			return nil
+			return err
 		})
 		return atCatchUp
 	}
-	bound := streaming(relay) // the first catch-up reads every row of the table
+	// The first relay makes the slot and reads every row before it.
+	eventually(t, time.Minute, "relay L1 caught up", func() error {
+		if countLog(relays, "Caught up from the table") == 0 {
+			return errors.New("no catch-up logged")
+		}
+		return nil
+	})
+	bound := streaming(relay, confirmed()) // the first catch-up reads every row of the table
 
 	moves := []struct {
 		name string
@@ -126,10 +140,11 @@ func TestReplicationSlotMovedWhileNoRelayStreamed(t *testing.T) {
 			FROM pg_replication_slots s JOIN outbox_events_relay_progress p ON p.slot = s.slot_name
 			WHERE s.slot_name = $1`, slot).Scan(&ahead))
 		require.True(t, ahead, "the slot %s is not ahead of the position its relays recorded", m.name)
+		from := confirmed()
 
 		relay = startRelay(t, fmt.Sprintf("L%d", i+2), c.env, args...)
 		relays = append(relays, relay)
-		atCatchUp := streaming(relay)
+		atCatchUp := streaming(relay, from)
 		counted := relay.metric(slotMovedErrors)
 		require.Positive(t, counted, "relay %s did not count the slot %s", relay.name, m.name)
 		moved += counted
