@@ -54,7 +54,8 @@ func TestReplicationSlotMovedWhileNoRelayStreamed(t *testing.T) {
 
 	var movesDone atomic.Bool // the producers write on until both moves are done
 	relay := startRelay(t, "L1", c.env, args...)
-	relays := []*relayProc{relay}
+	relays := make([]*relayProc, 1, 3) // L1, and one relay after each move
+	relays[0] = relay
 	prod := startProducers(t, producerConfig{dsn: c.pg.DSN(), conns: 2, events: events, rate: rate,
 		insert: insertInto("outbox_events"), more: func() bool { return !movesDone.Load() }})
 
@@ -112,7 +113,7 @@ func TestReplicationSlotMovedWhileNoRelayStreamed(t *testing.T) {
 			return err
 		}},
 	}
-	var gapRows []int
+	gapRows := make([]int, 0, len(moves))
 	moved := 0.0
 	for i, m := range moves {
 		switch m.sig {
