@@ -233,6 +233,13 @@ func (p *producers) committed() []Committed {
 	return append([]Committed(nil), p.rows...)
 }
 
+// add counts a row the case committed itself as the producers'.
+func (p *producers) add(row Committed) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rows = append(p.rows, row)
+}
+
 // sleepUntil waits until t or ctx's end; false when ctx ended.
 func sleepUntil(ctx context.Context, t time.Time) bool {
 	d := time.Until(t)

@@ -123,7 +123,7 @@ func streamLoss(t *testing.T, c streamLossSpec) {
 	if source == "Polling" {
 		waitDrained(t, conn, "outbox_events", 5*time.Minute)
 	} else {
-		waitConfirmed(t, conn, replicationSlot, 5*time.Minute)
+		prod.add(waitConfirmed(t, conn, replicationSlot, 5*time.Minute))
 	}
 	relay.stop(t, time.Minute)
 	before := checkStream(t, rdb, stream, prod.committed())

@@ -120,7 +120,7 @@ func TestSlotMadeWhileACommitWaitsForAStandby(t *testing.T) {
 	}
 
 	prod.wait(t)
-	waitConfirmed(t, conn, slot, 5*time.Minute)
+	prod.add(waitConfirmed(t, conn, slot, 5*time.Minute))
 	relay.stop(t, time.Minute)
 	r := checkStream(t, rdb, stream, slices.Concat(prod.committed(), waiting))
 	figures(t, r, 1, fmt.Sprintf("rows_of_the_waiting_commit=%d", len(waiting)))
